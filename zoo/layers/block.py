@@ -1,0 +1,96 @@
+"""The Transformer block both families share, and where checkpointing happens.
+
+BERT: post-LN (x = LN(x + attn(x)); x = LN(x + ffn(x))), LayerNorm, GELU, biases.
+Llama: pre-norm (x = x + attn(RMSNorm(x)); x = x + ffn(RMSNorm(x))), SwiGLU, rotary.
+
+The checkpointing policy is a plain attribute read at call time, so
+`zoo.checkpointing.set_policy` switches a built model. Recomputation only
+happens when training: inference graphs never contain the wrapper.
+"""
+
+import keras
+from keras import ops
+
+from zoo.checkpointing import recompute, resolve
+from zoo.layers.attention import Attention
+from zoo.layers.dropout import stateless_dropout
+from zoo.layers.feedforward import FeedForward
+
+
+class TransformerBlock(keras.layers.Layer):
+    def __init__(
+        self,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        intermediate_dim,
+        pre_norm=False,
+        rms_norm=False,
+        gated_ffn=False,
+        use_bias=True,
+        rotary_theta=None,
+        dropout=0.0,
+        epsilon=1e-12,
+        checkpointing="none",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.config_args = dict(
+            num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+            intermediate_dim=intermediate_dim, pre_norm=pre_norm, rms_norm=rms_norm, gated_ffn=gated_ffn,
+            use_bias=use_bias, rotary_theta=rotary_theta, dropout=dropout, epsilon=epsilon,
+        )
+        self.pre_norm, self.dropout = pre_norm, dropout
+        self.checkpointing = resolve(checkpointing)
+        policy = self.dtype_policy
+        self.attention = Attention(
+            num_heads, num_kv_heads, head_dim, use_bias=use_bias, rotary_theta=rotary_theta,
+            dropout=dropout, dtype=policy, name="attention",
+        )
+        self.ffn = FeedForward(intermediate_dim, gated=gated_ffn, dtype=policy, name="ffn")
+        norm = (
+            (lambda name: keras.layers.RMSNormalization(epsilon=epsilon, dtype=policy, name=name))
+            if rms_norm
+            else (lambda name: keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy, name=name))
+        )
+        self.attention_norm, self.ffn_norm = norm("attention_norm"), norm("ffn_norm")
+        # One draw per call, outside any recomputation, seeds every dropout in the block.
+        self.seed_generator = keras.random.SeedGenerator(seed, name="dropout_seed")
+
+    def build(self, input_shape):
+        for layer in (self.attention, self.ffn, self.attention_norm, self.ffn_norm):
+            layer.build(input_shape)
+
+    def call(self, x, attention_mask=None, training=None):
+        training = bool(training)
+        seed = self.seed_generator.next() if (training and self.dropout) else None
+        if training and self.checkpointing == "full":
+            return recompute(lambda h: self._forward(h, attention_mask, seed, training)[0], x)
+        recompute_core = training and self.checkpointing == "selective"
+        return self._forward(x, attention_mask, seed, training, recompute_core)[0]
+
+    def decode(self, x, attention_mask, cache, cache_index):
+        """Inference with a key/value cache: returns (output, updated cache)."""
+        return self._forward(x, attention_mask, None, False, False, cache, cache_index)
+
+    def _forward(self, x, mask, seed, training, recompute_core=False, cache=None, cache_index=0):
+        rate = self.dropout if training else 0.0
+        residual = x
+        h = self.attention_norm(x) if self.pre_norm else x
+        h, cache = self.attention(
+            h, attention_mask=mask, seed=seed, training=training, recompute_core=recompute_core,
+            cache=cache, cache_index=cache_index,
+        )
+        x = residual + stateless_dropout(h, rate, seed, site=1)
+        if not self.pre_norm:
+            x = self.attention_norm(x)
+        residual = x
+        h = self.ffn(self.ffn_norm(x) if self.pre_norm else x)
+        x = residual + stateless_dropout(h, rate, seed, site=2)
+        if not self.pre_norm:
+            x = self.ffn_norm(x)
+        return x, cache
+
+    def get_config(self):
+        return {**super().get_config(), **self.config_args, "checkpointing": self.checkpointing}

@@ -1,0 +1,37 @@
+"""Position-wise feed-forward networks: BERT's GELU MLP and Llama's SwiGLU."""
+
+import keras
+from keras import ops
+
+_INIT = keras.initializers.TruncatedNormal(stddev=0.02)
+
+
+class FeedForward(keras.layers.Layer):
+    """`gated=False`: down(gelu(up(x))) with biases (BERT `intermediate`/`output`).
+    `gated=True`: down(silu(gate(x)) * up(x)) without biases (Llama `mlp`)."""
+
+    def __init__(self, intermediate_dim, gated=False, **kwargs):
+        super().__init__(**kwargs)
+        self.intermediate_dim, self.gated = intermediate_dim, gated
+        dense = lambda units, name: keras.layers.Dense(  # noqa: E731
+            units, use_bias=not gated, kernel_initializer=_INIT, name=name, dtype=self.dtype_policy
+        )
+        self.up = dense(intermediate_dim, "up")
+        self.gate = dense(intermediate_dim, "gate") if gated else None
+        self._dense = dense
+        self.down = None
+
+    def build(self, input_shape):
+        self.up.build(input_shape)
+        if self.gate is not None:
+            self.gate.build(input_shape)
+        self.down = self._dense(input_shape[-1], "down")
+        self.down.build(tuple(input_shape[:-1]) + (self.intermediate_dim,))
+
+    def call(self, x):
+        if self.gated:
+            return self.down(ops.silu(self.gate(x)) * self.up(x))
+        return self.down(keras.activations.gelu(self.up(x), approximate=False))
+
+    def get_config(self):
+        return {**super().get_config(), "intermediate_dim": self.intermediate_dim, "gated": self.gated}

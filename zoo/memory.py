@@ -1,0 +1,120 @@
+"""What a training step will take, before anything is built.
+
+The analytical model: fp32 master weights, fp32 gradients and Adam's two fp32
+moments (16 bytes/param), plus activations kept for the backward pass per
+layer, following Korthikanti et al. (2022), "Reducing Activation Recomputation
+in Large Transformer Models": s·b·h·(34 + 5·a·s/h) bytes per layer with 16-bit
+activations, where 5·a·s²·b is the attention core (softmax output, dropout mask
+and dropped probabilities) that selective recomputation drops. Activations in
+float32 take twice the 16-bit figure. Under `full` only each block's input
+(2·s·b·h bytes in 16-bit) is kept, plus one block's activations while it is
+recomputed. Logits and their gradient are float32 [b, s, vocab].
+
+It is an estimate, meant to rank choices and to refuse a run that cannot fit;
+`benchmarks/memory.py` measures the real figures on this stack.
+"""
+
+from dataclasses import asdict, dataclass
+
+from zoo.checkpointing import resolve
+from zoo.registry import ModelSpec, spec as lookup
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    logits: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.logits
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "total": self.total}
+
+    def table(self) -> str:
+        rows = [(k, v) for k, v in self.as_dict().items()]
+        return "\n".join(f"{k:12s} {v / GiB:8.2f} GiB" for k, v in rows)
+
+
+def _activation_bytes(precision: str) -> int:
+    return 4 if precision == "float32" else 2
+
+
+def estimate(model, batch_size: int, sequence_length: int, precision: str = "float32",
+             checkpointing="none", task=None, optimizer: str = "adam") -> MemoryEstimate:
+    """Bytes one training step holds at its peak, by component."""
+    s: ModelSpec = lookup(model)
+    policy = resolve(checkpointing)
+    params = s.num_params(task)
+    weight_bytes = 2 if precision in ("bfloat16", "float16") else 4
+    optimizer_slots = {"adam": 2, "adamw": 2, "sgd": 0}[optimizer.lower()]
+
+    b, seq, h, a = batch_size, sequence_length, s.hidden_dim, s.num_heads
+    scale = _activation_bytes(precision) / 2  # the formula counts 16-bit activations
+    per_layer_full = seq * b * h * (34 + 5 * a * seq / h) * scale
+    per_layer_no_core = seq * b * h * 34 * scale
+    if s.family == "llama":  # SwiGLU holds three ffn-wide tensors instead of two
+        extra = seq * b * s.intermediate_dim * 2 * scale
+        per_layer_full += extra
+        per_layer_no_core += extra
+    layers = s.num_layers
+    if policy == "none":
+        activations = layers * per_layer_full
+    elif policy == "selective":
+        activations = layers * per_layer_no_core
+    else:
+        activations = layers * 2 * seq * b * h * scale + per_layer_full
+    logits = 0
+    if (task or s.default_task) in ("causal_lm",):
+        logits = 3 * b * seq * s.vocab_size * 4  # logits, softmax, their gradient
+    return MemoryEstimate(
+        weights=params * weight_bytes,
+        gradients=params * weight_bytes,
+        optimizer=params * 4 * optimizer_slots,
+        activations=int(activations),
+        logits=int(logits),
+    )
+
+
+def largest_batch(model, sequence_length: int, budget_bytes: int, limit: int = 4096, **kwargs) -> int:
+    """The largest batch size whose estimate fits `budget_bytes` (0 if none does)."""
+    best = 0
+    batch = 1
+    while batch <= limit and estimate(model, batch, sequence_length, **kwargs).total <= budget_bytes:
+        best, batch = batch, batch * 2
+    low, high = best, min(batch, limit + 1)
+    while high - low > 1:  # the doubling overshot: bisect between the last fit and the first miss
+        mid = (low + high) // 2
+        if estimate(model, mid, sequence_length, **kwargs).total <= budget_bytes:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def _plan(args):
+    from zoo.checkpointing import POLICIES
+
+    print(f"{args.model}: batch {args.batch_size} x sequence {args.sequence_length}, {args.precision}")
+    print(f"{'policy':10s} {'weights':>9s} {'grads':>9s} {'adam':>9s} {'activ.':>9s} {'logits':>9s} {'total':>9s}")
+    for policy in ([args.checkpointing] if args.checkpointing else POLICIES):
+        e = estimate(args.model, args.batch_size, args.sequence_length, args.precision, policy)
+        cells = " ".join(f"{v / GiB:8.2f}G" for v in e.as_dict().values())
+        print(f"{policy:10s} {cells}")
+    return 0
+
+
+def register(subparsers):
+    p = subparsers.add_parser("plan", help="estimate a training step's memory for each checkpointing policy")
+    p.add_argument("model")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--sequence-length", type=int, default=512)
+    p.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16", "mixed_float16"])
+    p.add_argument("--checkpointing", default=None)
+    p.set_defaults(func=_plan)

@@ -1,0 +1,92 @@
+"""What every zoo model shares: built from a ModelSpec, configured by it, and
+checked at its inputs.
+
+Models are functional Keras models built inside `__init__` (the keras-hub
+pattern), so `summary()`, `save()` and export see a plain layer graph; the
+config is the spec itself, so a saved model rebuilds the same shape.
+"""
+
+import keras
+
+from zoo import checkpointing as ckpt
+from zoo.registry import ModelSpec
+
+_INIT = keras.initializers.TruncatedNormal(stddev=0.02)
+
+
+def as_spec(spec) -> ModelSpec:
+    return spec if isinstance(spec, ModelSpec) else ModelSpec(**spec)
+
+
+def make_blocks(spec: ModelSpec, checkpointing, dtype):
+    from zoo.layers.block import TransformerBlock
+
+    llama = spec.family == "llama"
+    return [
+        TransformerBlock(
+            num_heads=spec.num_heads, num_kv_heads=spec.kv_heads, head_dim=spec.key_dim,
+            intermediate_dim=spec.intermediate_dim, pre_norm=llama, rms_norm=llama, gated_ffn=llama,
+            use_bias=not llama, rotary_theta=spec.rope_theta if llama else None, dropout=spec.dropout,
+            epsilon=spec.layer_norm_epsilon, checkpointing=checkpointing, dtype=dtype, name=f"block_{i}",
+        )
+        for i in range(spec.num_layers)
+    ]
+
+
+def token_inputs(spec: ModelSpec) -> dict:
+    """keras-hub's input convention: token_ids, padding_mask (+ segment_ids for BERT)."""
+    names = ["token_ids", "padding_mask"] + (["segment_ids"] if spec.family == "bert" else [])
+    return {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in names}
+
+
+class ZooModel(keras.Model):
+    """Base of backbones and task models: spec-driven config and input checks."""
+
+    def _finish(self, spec, inputs, outputs, dtype, **kwargs):
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        # Functional models drop `dtype`; compile() reads it to add loss scaling for float16.
+        self.dtype_policy = keras.dtype_policies.get(dtype)
+        self.spec = spec
+        self._zoo_dtype = dtype
+
+    @property
+    def checkpointing(self) -> str:
+        return ckpt.get_policy(self)
+
+    def set_checkpointing(self, policy) -> str:
+        """Switch the recomputation policy of a built model (no rebuild, weights kept)."""
+        return ckpt.set_policy(self, policy)
+
+    def call(self, inputs, training=None, mask=None):
+        self.check_inputs(inputs)
+        return super().call(inputs, training=training, mask=mask)
+
+    def check_inputs(self, inputs):
+        if not isinstance(inputs, dict):
+            raise TypeError(
+                f"{type(self).__name__} takes a dict of tensors with keys {sorted(self.input)}; "
+                f"got {type(inputs).__name__}."
+            )
+        missing = sorted(set(self.input) - set(inputs))
+        if missing:
+            raise ValueError(f"Missing input(s) {missing}; {type(self).__name__} needs {sorted(self.input)}.")
+        length = inputs["token_ids"].shape[-1]
+        limit = self.spec.max_sequence_length
+        if length is not None and length > limit:
+            raise ValueError(
+                f"Input sequence length {length} exceeds this model's maximum of {limit} positions; "
+                f"truncate inputs to {limit} tokens (or build with max_sequence_length >= {length})."
+            )
+
+    def get_config(self):
+        return {
+            "spec": self.spec.to_dict(), "checkpointing": self.checkpointing,
+            "dtype": self._zoo_dtype, "name": self.name, **self._task_config(),
+        }
+
+    def _task_config(self) -> dict:
+        return {}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)

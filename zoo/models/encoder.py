@@ -1,0 +1,97 @@
+"""The BERT family: a post-LN encoder whose weights map 1:1 onto Hugging Face
+`BertModel`, with masked-LM and sequence-classification heads."""
+
+import keras
+from keras import ops
+from keras_hub.layers import MaskedLMHead, PositionEmbedding, ReversibleEmbedding
+
+from zoo.layers.attention import AttentionMask
+from zoo.models.base import _INIT, ZooModel, as_spec, make_blocks, token_inputs
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class EncoderBackbone(ZooModel):
+    """Outputs `sequence_output` [B, S, H] and, with `pooler=True`, `pooled_output`
+    [B, H] (tanh dense on [CLS]); the masked-LM model has no pooler, as in
+    Hugging Face `BertForMaskedLM`."""
+
+    def __init__(self, spec, checkpointing="none", dtype=None, pooler=True, **kwargs):
+        spec = as_spec(spec)
+        h = spec.hidden_dim
+        self.token_embedding = ReversibleEmbedding(
+            spec.vocab_size, h, embeddings_initializer=_INIT, dtype=dtype, name="token_embedding"
+        )
+        self.position_embedding = PositionEmbedding(
+            spec.max_sequence_length, initializer=_INIT, dtype=dtype, name="position_embedding"
+        )
+        self.segment_embedding = keras.layers.Embedding(
+            spec.num_segments, h, embeddings_initializer=_INIT, dtype=dtype, name="segment_embedding"
+        )
+        self.embeddings_norm = keras.layers.LayerNormalization(
+            epsilon=spec.layer_norm_epsilon, dtype=dtype, name="embeddings_norm"
+        )
+        self.embeddings_dropout = keras.layers.Dropout(spec.dropout, dtype=dtype, name="embeddings_dropout")
+        self.blocks = make_blocks(spec, checkpointing, dtype)
+        self.use_pooler = pooler
+        self.pooler = (
+            keras.layers.Dense(h, activation="tanh", kernel_initializer=_INIT, dtype=dtype, name="pooler")
+            if pooler else None
+        )
+
+        inputs = token_inputs(spec)
+        tokens = self.token_embedding(inputs["token_ids"])
+        x = tokens + self.position_embedding(tokens) + self.segment_embedding(inputs["segment_ids"])
+        x = self.embeddings_dropout(self.embeddings_norm(x))
+        mask = AttentionMask(causal=False, name="attention_mask")(inputs["padding_mask"])
+        for block in self.blocks:
+            x = block(x, attention_mask=mask)
+        outputs = {"sequence_output": x}
+        if pooler:
+            outputs["pooled_output"] = self.pooler(x[:, 0, :])
+        self._finish(spec, inputs, outputs, dtype, **kwargs)
+
+    def _task_config(self):
+        return {"pooler": self.use_pooler}
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class EncoderMaskedLM(ZooModel):
+    """Masked-LM logits (float32) at `mask_positions` [B, P]: [B, P, vocab].
+
+    The head is Hugging Face's `cls.predictions` (dense, GELU, LayerNorm, decoder
+    tied to the token embedding, output bias)."""
+
+    def __init__(self, spec, checkpointing="none", dtype=None, **kwargs):
+        spec = as_spec(spec)
+        self.backbone = EncoderBackbone(spec, checkpointing, dtype, pooler=False, name="backbone")
+        self.head = MaskedLMHead(
+            token_embedding=self.backbone.token_embedding, intermediate_activation="gelu",
+            layer_norm_epsilon=spec.layer_norm_epsilon, kernel_initializer=_INIT, dtype=dtype, name="mlm_head",
+        )
+        inputs = dict(self.backbone.input)
+        inputs["mask_positions"] = keras.Input(shape=(None,), dtype="int32", name="mask_positions")
+        sequence = self.backbone({k: v for k, v in inputs.items() if k != "mask_positions"})["sequence_output"]
+        logits = ops.cast(self.head(sequence, mask_positions=inputs["mask_positions"]), "float32")
+        self._finish(spec, inputs, {"logits": logits}, dtype, **kwargs)
+
+
+@keras.saving.register_keras_serializable(package="zoo")
+class EncoderClassifier(ZooModel):
+    """Sequence classification on the pooled output (Hugging Face
+    `BertForSequenceClassification`): float32 `logits` [B, num_classes]."""
+
+    def __init__(self, spec, num_classes=2, checkpointing="none", dtype=None, **kwargs):
+        spec = as_spec(spec)
+        self.num_classes = num_classes
+        self.backbone = EncoderBackbone(spec, checkpointing, dtype, name="backbone")
+        self.classifier_dropout = keras.layers.Dropout(spec.dropout, dtype=dtype, name="classifier_dropout")
+        self.classifier = keras.layers.Dense(
+            num_classes, kernel_initializer=_INIT, dtype=dtype, name="classifier"
+        )
+        inputs = dict(self.backbone.input)
+        pooled = self.backbone(inputs)["pooled_output"]
+        logits = ops.cast(self.classifier(self.classifier_dropout(pooled)), "float32")
+        self._finish(spec, inputs, {"logits": logits}, dtype, **kwargs)
+
+    def _task_config(self):
+        return {"num_classes": self.num_classes}

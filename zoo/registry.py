@@ -1,0 +1,167 @@
+"""Named model specs: the ladder of shapes the zoo builds, as data.
+
+A `ModelSpec` is everything needed to build a model and to reason about it
+without building it (parameter count, memory). Specs are frozen so that a
+registered name always means the same shape; `spec.replace(...)` derives a
+variant (tests shrink models this way) and validates it before anything is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+FAMILIES = ("bert", "llama")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape and numerics of one Transformer.
+
+    `family="bert"`: post-LN encoder, learned positions, token types, GELU, biases
+    (Hugging Face `BertModel` layout). `family="llama"`: pre-RMSNorm causal decoder,
+    rotary positions, SwiGLU, grouped-query attention, no biases
+    (Hugging Face `LlamaForCausalLM` layout).
+    """
+
+    family: str
+    vocab_size: int
+    num_layers: int
+    hidden_dim: int
+    num_heads: int
+    intermediate_dim: int
+    max_sequence_length: int
+    num_kv_heads: Optional[int] = None  # None: as many as query heads
+    head_dim: Optional[int] = None  # None: hidden_dim // num_heads
+    num_segments: int = 2  # BERT token types; unused by llama
+    dropout: float = 0.0
+    layer_norm_epsilon: float = 1e-12
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = True
+    description: str = ""
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"Unknown family {self.family!r}; known families: {', '.join(FAMILIES)}.")
+        for field in ("vocab_size", "num_layers", "hidden_dim", "num_heads", "intermediate_dim", "max_sequence_length"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"{field} must be positive, got {getattr(self, field)}.")
+        if self.head_dim is None and self.hidden_dim % self.num_heads:
+            raise ValueError(
+                f"hidden_dim={self.hidden_dim} is not divisible by num_heads={self.num_heads}; "
+                "choose sizes where hidden_dim % num_heads == 0 (or set head_dim)."
+            )
+        if self.num_heads % self.kv_heads:
+            raise ValueError(
+                f"num_kv_heads={self.kv_heads} does not divide num_heads={self.num_heads}; "
+                "grouped-query attention needs num_heads % num_kv_heads == 0."
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
+
+    # Derived shapes -----------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def key_dim(self) -> int:
+        return self.head_dim or self.hidden_dim // self.num_heads
+
+    @property
+    def is_decoder(self) -> bool:
+        return self.family == "llama"
+
+    @property
+    def default_task(self) -> str:
+        return "causal_lm" if self.is_decoder else "backbone"
+
+    def replace(self, **overrides) -> "ModelSpec":
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"Unknown spec field(s) {unknown}; valid fields: {', '.join(sorted(known))}.")
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    # Parameter count ----------------------------------------------------------
+    def num_params(self, task: Optional[str] = None, num_classes: int = 2) -> int:
+        """Parameters of the model `zoo.get` builds for `task`, without building it."""
+        task = task or self.default_task
+        h, f, v = self.hidden_dim, self.intermediate_dim, self.vocab_size
+        q_dim, kv_dim = self.num_heads * self.key_dim, self.kv_heads * self.key_dim
+        if self.family == "bert":
+            attention = (h * q_dim + q_dim) + 2 * (h * kv_dim + kv_dim) + (q_dim * h + h)
+            block = attention + (h * f + f) + (f * h + h) + 2 * (2 * h)  # two LayerNorms
+            embeddings = (v + self.max_sequence_length + self.num_segments) * h + 2 * h
+            pooler = h * h + h
+            backbone = embeddings + self.num_layers * block + pooler
+            heads = {
+                "backbone": 0,
+                # no pooler; transform dense, LayerNorm, output bias (decoder tied to the embedding)
+                "masked_lm": -pooler + (h * h + h) + 2 * h + v,
+                "classifier": h * num_classes + num_classes,
+            }
+        else:
+            attention = h * q_dim + 2 * h * kv_dim + q_dim * h
+            block = attention + 3 * h * f + 2 * h  # SwiGLU, two RMSNorms
+            embeddings = v * h * (1 if self.tie_embeddings else 2)
+            backbone = embeddings + self.num_layers * block + h  # + final norm
+            heads = {"backbone": 0, "causal_lm": 0}  # the LM head lives in the token embedding
+        if task not in heads:
+            raise ValueError(f"Unknown task {task!r} for family {self.family!r}; known: {', '.join(heads)}.")
+        return backbone + heads[task]
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register(name: str, spec: ModelSpec, overwrite: bool = False) -> ModelSpec:
+    if not isinstance(spec, ModelSpec):
+        raise TypeError(f"register() takes a ModelSpec, got {type(spec).__name__}.")
+    if name in _REGISTRY and not overwrite:
+        raise ValueError(f"A model named {name!r} is already registered; pass overwrite=True to replace it.")
+    _REGISTRY[name] = spec
+    return spec
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def spec(name: str) -> ModelSpec:
+    if isinstance(name, ModelSpec):
+        return name
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"Unknown model {name!r}; known models: {', '.join(names())}.") from None
+
+
+def _bert(num_layers, hidden, heads, ffn, description, **kw):
+    return ModelSpec(
+        family="bert", vocab_size=30522, num_layers=num_layers, hidden_dim=hidden, num_heads=heads,
+        intermediate_dim=ffn, max_sequence_length=512, dropout=0.1, layer_norm_epsilon=1e-12,
+        description=description, **kw,
+    )
+
+
+def _llama(num_layers, hidden, heads, kv_heads, ffn, vocab, max_len, theta, tied, description):
+    return ModelSpec(
+        family="llama", vocab_size=vocab, num_layers=num_layers, hidden_dim=hidden, num_heads=heads,
+        num_kv_heads=kv_heads, intermediate_dim=ffn, max_sequence_length=max_len, dropout=0.0,
+        layer_norm_epsilon=1e-5, rope_theta=theta, tie_embeddings=tied, description=description,
+    )
+
+
+# The ladder (DESIGN.md). Names are stable API.
+register("enc-mini", _bert(6, 384, 12, 1536, "all-MiniLM-L6-v2 shape"))
+register("enc-base", _bert(12, 768, 12, 3072, "BERT-base shape"))
+register("enc-large", _bert(24, 1024, 16, 4096, "BERT-large shape"))
+register("enc-1b", _bert(24, 1792, 14, 7168, "BERT shape scaled to ~1B (head 128)"))
+register("dec-base", _llama(30, 576, 9, 3, 1536, 49152, 8192, 100000.0, True, "SmolLM2-135M shape"))
+register("dec-large", _llama(32, 960, 15, 5, 2560, 49152, 8192, 100000.0, True, "SmolLM2-360M shape"))
+register("dec-1b", _llama(22, 2048, 32, 4, 5632, 32000, 2048, 10000.0, False, "TinyLlama-1.1B shape"))
