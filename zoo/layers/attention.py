@@ -9,6 +9,8 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from zoo.layers.initializers import init
+
 from zoo.checkpointing import recompute
 from zoo.layers.dropout import stateless_dropout
 
@@ -52,7 +54,7 @@ class Attention(keras.layers.Layer):
         self.use_bias, self.rotary_theta, self.dropout = use_bias, rotary_theta, dropout
         dense = lambda units, name: keras.layers.Dense(  # noqa: E731
             units, use_bias=use_bias, name=name, dtype=self.dtype_policy,
-            kernel_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+            kernel_initializer=init(),
         )
         self.query_dense = dense(num_heads * head_dim, "query")
         self.key_dense = dense(num_kv_heads * head_dim, "key")
@@ -70,7 +72,7 @@ class Attention(keras.layers.Layer):
             layer.build(input_shape)
         self.output_dense = keras.layers.Dense(
             hidden, use_bias=self.use_bias, name="output", dtype=self.dtype_policy,
-            kernel_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+            kernel_initializer=init(),
         )
         self.output_dense.build(tuple(input_shape[:-1]) + (self.num_heads * self.head_dim,))
 

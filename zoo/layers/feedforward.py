@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-_INIT = keras.initializers.TruncatedNormal(stddev=0.02)
+from zoo.layers.initializers import init
 
 
 class FeedForward(keras.layers.Layer):
@@ -14,7 +14,7 @@ class FeedForward(keras.layers.Layer):
         super().__init__(**kwargs)
         self.intermediate_dim, self.gated = intermediate_dim, gated
         dense = lambda units, name: keras.layers.Dense(  # noqa: E731
-            units, use_bias=not gated, kernel_initializer=_INIT, name=name, dtype=self.dtype_policy
+            units, use_bias=not gated, kernel_initializer=init(), name=name, dtype=self.dtype_policy
         )
         self.up = dense(intermediate_dim, "up")
         self.gate = dense(intermediate_dim, "gate") if gated else None

@@ -11,8 +11,6 @@ import keras
 from zoo import checkpointing as ckpt
 from zoo.registry import ModelSpec
 
-_INIT = keras.initializers.TruncatedNormal(stddev=0.02)
-
 
 def as_spec(spec) -> ModelSpec:
     return spec if isinstance(spec, ModelSpec) else ModelSpec(**spec)

@@ -7,7 +7,8 @@ from keras import ops
 from keras_hub.layers import ReversibleEmbedding
 
 from zoo.layers.attention import AttentionMask
-from zoo.models.base import _INIT, ZooModel, as_spec, make_blocks, token_inputs
+from zoo.layers.initializers import init
+from zoo.models.base import ZooModel, as_spec, make_blocks, token_inputs
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -19,7 +20,7 @@ class DecoderBackbone(ZooModel):
         spec = as_spec(spec)
         self.token_embedding = ReversibleEmbedding(
             spec.vocab_size, spec.hidden_dim, tie_weights=spec.tie_embeddings,
-            embeddings_initializer=_INIT, dtype=dtype, name="token_embedding",
+            embeddings_initializer=init(), dtype=dtype, name="token_embedding",
         )
         self.blocks = make_blocks(spec, checkpointing, dtype)
         self.final_norm = keras.layers.RMSNormalization(

@@ -6,7 +6,8 @@ from keras import ops
 from keras_hub.layers import MaskedLMHead, PositionEmbedding, ReversibleEmbedding
 
 from zoo.layers.attention import AttentionMask
-from zoo.models.base import _INIT, ZooModel, as_spec, make_blocks, token_inputs
+from zoo.layers.initializers import init
+from zoo.models.base import ZooModel, as_spec, make_blocks, token_inputs
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -19,13 +20,13 @@ class EncoderBackbone(ZooModel):
         spec = as_spec(spec)
         h = spec.hidden_dim
         self.token_embedding = ReversibleEmbedding(
-            spec.vocab_size, h, embeddings_initializer=_INIT, dtype=dtype, name="token_embedding"
+            spec.vocab_size, h, embeddings_initializer=init(), dtype=dtype, name="token_embedding"
         )
         self.position_embedding = PositionEmbedding(
-            spec.max_sequence_length, initializer=_INIT, dtype=dtype, name="position_embedding"
+            spec.max_sequence_length, initializer=init(), dtype=dtype, name="position_embedding"
         )
         self.segment_embedding = keras.layers.Embedding(
-            spec.num_segments, h, embeddings_initializer=_INIT, dtype=dtype, name="segment_embedding"
+            spec.num_segments, h, embeddings_initializer=init(), dtype=dtype, name="segment_embedding"
         )
         self.embeddings_norm = keras.layers.LayerNormalization(
             epsilon=spec.layer_norm_epsilon, dtype=dtype, name="embeddings_norm"
@@ -34,7 +35,7 @@ class EncoderBackbone(ZooModel):
         self.blocks = make_blocks(spec, checkpointing, dtype)
         self.use_pooler = pooler
         self.pooler = (
-            keras.layers.Dense(h, activation="tanh", kernel_initializer=_INIT, dtype=dtype, name="pooler")
+            keras.layers.Dense(h, activation="tanh", kernel_initializer=init(), dtype=dtype, name="pooler")
             if pooler else None
         )
 
@@ -66,7 +67,7 @@ class EncoderMaskedLM(ZooModel):
         self.backbone = EncoderBackbone(spec, checkpointing, dtype, pooler=False, name="backbone")
         self.head = MaskedLMHead(
             token_embedding=self.backbone.token_embedding, intermediate_activation="gelu",
-            layer_norm_epsilon=spec.layer_norm_epsilon, kernel_initializer=_INIT, dtype=dtype, name="mlm_head",
+            layer_norm_epsilon=spec.layer_norm_epsilon, kernel_initializer=init(), dtype=dtype, name="mlm_head",
         )
         inputs = dict(self.backbone.input)
         inputs["mask_positions"] = keras.Input(shape=(None,), dtype="int32", name="mask_positions")
@@ -86,7 +87,7 @@ class EncoderClassifier(ZooModel):
         self.backbone = EncoderBackbone(spec, checkpointing, dtype, name="backbone")
         self.classifier_dropout = keras.layers.Dropout(spec.dropout, dtype=dtype, name="classifier_dropout")
         self.classifier = keras.layers.Dense(
-            num_classes, kernel_initializer=_INIT, dtype=dtype, name="classifier"
+            num_classes, kernel_initializer=init(), dtype=dtype, name="classifier"
         )
         inputs = dict(self.backbone.input)
         pooled = self.backbone(inputs)["pooled_output"]

@@ -1,0 +1,120 @@
+"""Step memory and step time of each checkpointing policy, each variant in a fresh process.
+
+    python benchmarks/memory.py                     # the full grid (enc-base, dec-base; 2 shapes; 2 precisions)
+    python benchmarks/memory.py --models enc-base --shapes 4x512 --precisions float32
+
+Step memory = the allocator's peak during training minus its level once the model
+and the optimizer are built (`tf.config.experimental.get_memory_info("CPU:0")`);
+peak RSS (which never shrinks under TF's pooling allocator) is printed beside it.
+Encoders train masked-LM (15% of positions), decoders causal-LM, with Adam.
+enc-base at sequence 1024 is built with 1024 learned positions (BERT has 512).
+Prints a table, the ratios to `none`, and one JSON line.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+POLICIES = ("none", "selective", "full")
+
+
+def run_variant(model, batch, seq, precision, policy, steps):
+    """Runs in the child process: returns the measurements of one variant."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import resource
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import zoo
+
+    spec = zoo.spec(model)
+    task = "masked_lm" if spec.family == "bert" else "causal_lm"
+    # BERT has 512 learned positions: longer sequences get a model with more of them.
+    overrides = {"max_sequence_length": seq} if seq > spec.max_sequence_length else {}
+    keras.utils.set_random_seed(0)  # same weights and data in every variant
+    m = zoo.get(model, checkpointing=policy, dtype=precision, task=task, **overrides)
+    rng = np.random.default_rng(0)
+    x = {"token_ids": rng.integers(0, spec.vocab_size, (batch, seq), dtype="int32"),
+         "padding_mask": np.ones((batch, seq), "int32")}
+    if task == "masked_lm":
+        x["segment_ids"] = np.zeros((batch, seq), "int32")
+        x["mask_positions"] = np.sort(rng.choice(seq, (batch, int(seq * 0.15)))).astype("int32")
+        y = np.take_along_axis(x["token_ids"], x["mask_positions"], axis=1)
+    else:
+        y = np.roll(x["token_ids"], -1, axis=1)
+    m.compile(optimizer=keras.optimizers.Adam(1e-4, clipnorm=1.0),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    m.optimizer.build(m.trainable_variables)
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    base = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        loss = m.train_on_batch(x, y)
+        times.append(time.perf_counter() - start)
+    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    step_time = float(np.median(times[1:])) if len(times) > 1 else times[0]
+    return {
+        "model": model, "batch": batch, "seq": seq, "precision": precision, "policy": policy,
+        "step_mem_gib": (peak - base) / 2**30, "base_gib": base / 2**30,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "step_s": step_time, "tokens_per_s": batch * seq / step_time, "loss": float(loss),
+    }
+
+
+def spawn(model, batch, seq, precision, policy, steps):
+    cmd = [sys.executable, __file__, "--child", f"{model},{batch},{seq},{precision},{policy}", "--steps", str(steps)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode or not lines:
+        return {"model": model, "batch": batch, "seq": seq, "precision": precision, "policy": policy,
+                "error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
+    return json.loads(lines[-1])
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--models", default="enc-base,dec-base")
+    p.add_argument("--shapes", default="4x512,2x1024", help="BATCHxSEQ,...")
+    p.add_argument("--precisions", default="float32,mixed_bfloat16")
+    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--steps", type=int, default=3, help="steps per variant; the first (tracing) is not timed")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        model, batch, seq, precision, policy = args.child.split(",")
+        print(json.dumps(run_variant(model, int(batch), int(seq), precision, policy, args.steps)))
+        return
+
+    rows = []
+    header = f"{'model':9s} {'shape':8s} {'precision':15s} {'policy':10s} {'step GiB':>9s} {'x none':>7s} " \
+             f"{'RSS GiB':>8s} {'step s':>7s} {'x none':>7s} {'tok/s':>7s}"
+    print(header, flush=True)
+    for model in args.models.split(","):
+        for shape in args.shapes.split(","):
+            batch, seq = map(int, shape.split("x"))
+            for precision in args.precisions.split(","):
+                ref = None
+                for policy in args.policies.split(","):
+                    r = spawn(model, batch, seq, precision, policy, args.steps)
+                    rows.append(r)
+                    if "error" in r:
+                        print(f"{model:9s} {shape:8s} {precision:15s} {policy:10s} ERROR {r['error']}", flush=True)
+                        continue
+                    ref = ref or (r if policy == "none" else None)
+                    r["mem_vs_none"] = r["step_mem_gib"] / ref["step_mem_gib"] if ref else None
+                    r["time_vs_none"] = r["step_s"] / ref["step_s"] if ref else None
+                    fmt = lambda v: f"{v:7.2f}" if v is not None else f"{'-':>7s}"  # noqa: E731
+                    print(f"{model:9s} {shape:8s} {precision:15s} {policy:10s} {r['step_mem_gib']:9.2f} "
+                          f"{fmt(r['mem_vs_none'])} {r['peak_rss_gib']:8.2f} {r['step_s']:7.2f} "
+                          f"{fmt(r['time_vs_none'])} {r['tokens_per_s']:7.0f}", flush=True)
+    print(json.dumps({"benchmark": "memory", "results": rows}))
+
+
+if __name__ == "__main__":
+    main()

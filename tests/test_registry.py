@@ -1,0 +1,105 @@
+"""The registry, parameter counts and bad input to zoo.get."""
+
+import numpy as np
+import pytest
+
+import zoo
+from zoo import models as zoo_models
+from tests.conftest import TINY, TINY_DEC
+
+# DESIGN.md's reference parameter counts for the ladder.
+REFERENCE = {
+    "enc-mini": 22.7e6, "enc-base": 110e6, "enc-large": 335e6, "enc-1b": 0.98e9,
+    "dec-base": 135e6, "dec-large": 362e6, "dec-1b": 1.10e9,
+}
+
+
+def test_ladder_is_registered():
+    assert set(REFERENCE) <= set(zoo.names())
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+def test_num_params_within_two_percent_of_reference(name):
+    assert abs(zoo.spec(name).num_params() / REFERENCE[name] - 1) <= 0.02
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+def test_num_params_equals_built_model(name):
+    # Same family, tying and head layout as the registered spec, shrunk so the unit
+    # test stays small (benchmarks/param_counts.py builds the full-size ones).
+    s = zoo.spec(name)
+    heads = {"bert": ("backbone", "masked_lm", "classifier"), "llama": ("backbone", "causal_lm")}[s.family]
+    kv = {"num_kv_heads": 2} if s.num_kv_heads else {}
+    for task in heads:
+        extra = {"num_classes": 3} if task == "classifier" else {}
+        model = zoo.get(name, task=task, **TINY, **kv, **extra)
+        assert model.count_params() == model.spec.num_params(task, **({"num_classes": 3} if extra else {}))
+
+
+def test_unknown_model_lists_known():
+    with pytest.raises(ValueError, match="enc-base.*dec-1b|dec-1b.*enc-base"):
+        zoo.get("enc-huge")
+
+
+def test_unknown_policy_lists_known():
+    with pytest.raises(ValueError, match="none, full, selective"):
+        zoo.get("enc-base", checkpointing="sometimes", **TINY)
+
+
+def test_unknown_task_and_dtype():
+    with pytest.raises(ValueError, match="causal_lm"):
+        zoo.get("enc-base", task="causal_lm", **TINY)
+    with pytest.raises(ValueError, match="mixed_bfloat16"):
+        zoo.get("enc-base", dtype="float8", **TINY)
+
+
+@pytest.mark.parametrize(
+    "overrides, numbers",
+    [
+        (dict(hidden_dim=100, num_heads=3), ("100", "3")),
+        (dict(num_heads=9, num_kv_heads=2), ("9", "2")),
+    ],
+)
+def test_shape_breaking_override_names_both_numbers(overrides, numbers, monkeypatch):
+    built = []
+    for family in zoo_models.TASKS.values():
+        for task, cls in family.items():
+            monkeypatch.setitem(family, task, lambda *a, **k: built.append(1))
+    with pytest.raises(ValueError) as error:
+        zoo.get("dec-base", **overrides)
+    assert all(n in str(error.value) for n in numbers)
+    assert not built, "the model must not be constructed when the spec is invalid"
+
+
+def test_unknown_override_lists_fields():
+    with pytest.raises(ValueError, match="hidden_dim"):
+        zoo.get("enc-base", hidden_size=64)
+
+
+def test_too_long_input_says_both_lengths():
+    model = zoo.get("enc-base", **TINY, max_sequence_length=16)
+    x = {"token_ids": np.zeros((1, 20), "int32"), "segment_ids": np.zeros((1, 20), "int32"),
+         "padding_mask": np.ones((1, 20), "int32")}
+    with pytest.raises(ValueError, match="20.*16"):
+        model(x)
+
+
+def test_missing_input_is_named():
+    model = zoo.get("dec-base", **TINY_DEC)
+    with pytest.raises(ValueError, match="padding_mask"):
+        model({"token_ids": np.zeros((1, 4), "int32")})
+
+
+def test_register_refuses_silent_overwrite():
+    custom = zoo.spec("dec-base").replace(num_layers=3)
+    zoo.register("test-dec-3", custom)
+    assert zoo.spec("test-dec-3").num_layers == 3
+    with pytest.raises(ValueError, match="already registered"):
+        zoo.register("test-dec-3", custom)
+
+
+def test_config_round_trip_keeps_spec_and_policy():
+    model = zoo.get("dec-base", checkpointing="selective", **TINY_DEC)
+    clone = type(model).from_config(model.get_config())
+    assert clone.spec == model.spec and clone.checkpointing == "selective"
+    assert clone.count_params() == model.count_params()
