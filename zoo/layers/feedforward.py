@@ -3,6 +3,7 @@
 import keras
 from keras import ops
 
+from zoo.layers.activations import gelu
 from zoo.layers.initializers import init
 
 
@@ -31,7 +32,7 @@ class FeedForward(keras.layers.Layer):
     def call(self, x):
         if self.gated:
             return self.down(ops.silu(self.gate(x)) * self.up(x))
-        return self.down(keras.activations.gelu(self.up(x), approximate=False))
+        return self.down(gelu(self.up(x)))
 
     def get_config(self):
         return {**super().get_config(), "intermediate_dim": self.intermediate_dim, "gated": self.gated}
