@@ -14,8 +14,6 @@ Policies:
                the s²-sized part of a block's activations.
 """
 
-import tensorflow as tf
-
 POLICIES = ("none", "full", "selective")
 
 
@@ -35,6 +33,8 @@ def resolve(policy) -> str:
 
 def recompute(fn, *tensors):
     """fn(*tensors), keeping none of fn's intermediate activations for the backward pass."""
+    import tensorflow as tf  # here, so that `zoo list` / `zoo plan` start without TensorFlow
+
     return tf.recompute_grad(fn)(*tensors)
 
 

@@ -1,0 +1,171 @@
+"""The headline: 1B-parameter models take real Adam steps on a 2-core, 24 GiB machine.
+
+    python benchmarks/one_billion.py [--models enc-1b,dec-1b] [--policies full,none]
+                                     [--precision mixed_bfloat16] [--max-batch 8]
+
+For each model and policy, batches 1, 2, 4, ... run at sequence 512, each in a
+fresh process that builds the model, builds Adam (clipnorm 1.0) and takes
+`--steps` training steps. A batch is only started when `zoo.memory.estimate`
+(plus the runtime overhead measured at batch 1) says it fits in the memory
+available when the benchmark started; while it runs, a guard kills it before
+its resident memory passes that budget, so no variant is left to the kernel's
+OOM killer. Prints a table and one JSON line.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+GiB = 2**30
+
+
+def available_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    return info["MemAvailable"]
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        pass
+    return 0
+
+
+def child(model, policy, precision, batch, seq, steps):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import resource
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import zoo
+
+    spec = zoo.spec(model)
+    task = "masked_lm" if spec.family == "bert" else "causal_lm"
+    start = time.perf_counter()
+    m = zoo.get(model, checkpointing=policy, dtype=precision, task=task)
+    m.compile(optimizer=keras.optimizers.Adam(1e-4, clipnorm=1.0),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    m.optimizer.build(m.trainable_variables)
+    build_s = time.perf_counter() - start
+    rng = np.random.default_rng(0)
+    x = {"token_ids": rng.integers(0, spec.vocab_size, (batch, seq), dtype="int32"),
+         "padding_mask": np.ones((batch, seq), "int32")}
+    if task == "masked_lm":
+        x["segment_ids"] = np.zeros((batch, seq), "int32")
+        x["mask_positions"] = np.sort(rng.choice(seq, (batch, int(seq * 0.15)))).astype("int32")
+        y = np.take_along_axis(x["token_ids"], x["mask_positions"], axis=1)
+    else:
+        y = np.roll(x["token_ids"], -1, axis=1)
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    base = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    times, losses = [], []
+    for _ in range(steps):
+        t = time.perf_counter()
+        losses.append(float(m.train_on_batch(x, y)))
+        times.append(time.perf_counter() - t)
+    info = tf.config.experimental.get_memory_info("CPU:0")
+    return {
+        "params": m.count_params(), "build_s": build_s, "base_gib": base / GiB,
+        "alloc_peak_gib": info["peak"] / GiB, "step_mem_gib": (info["peak"] - base) / GiB,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GiB,
+        "first_step_s": times[0], "step_s": min(times[1:]) if len(times) > 1 else times[0], "losses": losses,
+    }
+
+
+def run_guarded(args, budget):
+    """Run one variant in a fresh process; kill it if its RSS passes `budget` bytes."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak, killed = [0], [False]
+
+    def watch():
+        while proc.poll() is None:
+            rss = rss_bytes(proc.pid)
+            peak[0] = max(peak[0], rss)
+            if rss > budget:
+                killed[0] = True
+                proc.kill()
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    out, err = proc.communicate()
+    watcher.join()
+    if killed[0]:
+        return {"status": "killed by guard", "guard_rss_gib": peak[0] / GiB}
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        return {"status": "error", "error": (err.strip().splitlines() or ["no output"])[-1]}
+    return {"status": "ok", "guard_rss_gib": peak[0] / GiB, **json.loads(lines[-1])}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--models", default="enc-1b,dec-1b")
+    p.add_argument("--policies", default="full,none")
+    p.add_argument("--precision", default="mixed_bfloat16")
+    p.add_argument("--sequence-length", type=int, default=512)
+    p.add_argument("--max-batch", type=int, default=8, help="stop the search here (each step is minutes on 2 cores)")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--margin-gib", type=float, default=1.0, help="memory left free for the system")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        model, policy, precision, batch, seq = a.child.split(",")
+        print(json.dumps(child(model, policy, precision, int(batch), int(seq), a.steps)))
+        return
+
+    from zoo import memory
+
+    budget = available_bytes() - int(a.margin_gib * GiB)
+    seq = a.sequence_length
+    print(f"memory budget {budget / GiB:.1f} GiB (available at start less {a.margin_gib} GiB); sequence {seq}; "
+          f"{a.precision}", flush=True)
+    print(f"{'model':7s} {'policy':6s} {'batch':>5s} {'est GiB':>8s} {'RSS GiB':>8s} {'alloc GiB':>9s} "
+          f"{'s/step':>7s} {'tok/s':>6s}  status", flush=True)
+    rows = []
+    for model in a.models.split(","):
+        for policy in a.policies.split(","):
+            overhead = None  # runtime memory beyond the analytical estimate, measured at the first batch
+            largest = 0
+            batch = 1
+            while batch <= a.max_batch:
+                est = memory.estimate(model, batch, seq, a.precision, policy).total
+                predicted = est + (overhead or 0)
+                row = {"model": model, "policy": policy, "batch": batch, "seq": seq, "precision": a.precision,
+                       "estimate_gib": est / GiB}
+                if predicted > budget:
+                    row.update(status=f"skipped: estimate {predicted / GiB:.1f} GiB > budget {budget / GiB:.1f} GiB")
+                else:
+                    cmd = [sys.executable, os.path.abspath(__file__), "--child",
+                           f"{model},{policy},{a.precision},{batch},{seq}", "--steps", str(a.steps)]
+                    row.update(run_guarded(cmd, budget))
+                rows.append(row)
+                ok = row["status"] == "ok"
+                cells = (f"{row['guard_rss_gib']:8.2f} {row['alloc_peak_gib']:9.2f} {row['step_s']:7.1f} "
+                         f"{batch * seq / row['step_s']:6.0f}") if ok else f"{'-':>8s} {'-':>9s} {'-':>7s} {'-':>6s}"
+                print(f"{model:7s} {policy:6s} {batch:5d} {est / GiB:8.2f} {cells}  {row['status']}"
+                      + (f" {row.get('error', '')}" if row["status"] == "error" else ""), flush=True)
+                if not ok:
+                    break
+                largest = batch
+                if overhead is None:
+                    overhead = max(0, int(row["guard_rss_gib"] * GiB) - est)
+                batch *= 2
+            rows.append({"model": model, "policy": policy, "largest_batch": largest,
+                         "search_capped": batch > a.max_batch and largest == a.max_batch})
+    print(json.dumps({"benchmark": "one_billion", "budget_gib": budget / GiB, "results": rows}))
+
+
+if __name__ == "__main__":
+    main()
