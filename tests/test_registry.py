@@ -103,3 +103,20 @@ def test_config_round_trip_keeps_spec_and_policy():
     clone = type(model).from_config(model.get_config())
     assert clone.spec == model.spec and clone.checkpointing == "selective"
     assert clone.count_params() == model.count_params()
+
+
+@pytest.mark.parametrize("name, task", [("enc-base", "masked_lm"), ("enc-base", "classifier"), ("dec-base", "causal_lm")])
+def test_keras_format_round_trip_under_mixed_precision(name, task, tmp_path):
+    import keras
+
+    tiny = TINY_DEC if name.startswith("dec") else TINY
+    model = zoo.get(name, task=task, checkpointing="full", dtype="mixed_bfloat16", **tiny)
+    x = {k: np.ones((2, 8), "int32") for k in model.input}
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert type(loaded) is type(model) and loaded.checkpointing == "full"
+    assert loaded.dtype_policy.name == "mixed_bfloat16"
+    logits = model(x)["logits"]
+    assert logits.dtype == "float32"  # softmax and loss stay in float32
+    np.testing.assert_array_equal(logits, loaded(x)["logits"])

@@ -65,9 +65,13 @@ class EncoderMaskedLM(ZooModel):
     def __init__(self, spec, checkpointing="none", dtype=None, **kwargs):
         spec = as_spec(spec)
         self.backbone = EncoderBackbone(spec, checkpointing, dtype, pooler=False, name="backbone")
+        # keras-hub's head adds its float32 bias to half-precision logits unconverted
+        # (it disables autocast), which fails under a mixed policy: run it in float32.
+        policy = keras.dtype_policies.get(dtype)
         self.head = MaskedLMHead(
             token_embedding=self.backbone.token_embedding, intermediate_activation="gelu",
-            layer_norm_epsilon=spec.layer_norm_epsilon, kernel_initializer=init(), dtype=dtype, name="mlm_head",
+            layer_norm_epsilon=spec.layer_norm_epsilon, kernel_initializer=init(),
+            dtype=policy.variable_dtype, name="mlm_head",
         )
         inputs = dict(self.backbone.input)
         inputs["mask_positions"] = keras.Input(shape=(None,), dtype="int32", name="mask_positions")
