@@ -37,6 +37,7 @@ def test_cached_greedy_equals_full_recompute(model):
     expected = full_recompute_greedy(model, PROMPT, 12)
     np.testing.assert_array_equal(generate(model, PROMPT, 12), expected)
     np.testing.assert_array_equal(generate(model, PROMPT, 12, use_cache=False), expected)
+    np.testing.assert_array_equal(generate(model, PROMPT, 12, compile=False), expected)
     assert len(set(expected[0, 5:].tolist())) > 1  # not a degenerate repeat of one token
 
 
