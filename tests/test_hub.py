@@ -165,6 +165,24 @@ def test_keras_hub_reads_what_zoo_writes(tmp_path):
     np.testing.assert_allclose(model(x)["logits"], logits, atol=1e-4)
 
 
+def test_bfloat16_checkpoints_load_and_save(tmp_path):
+    """Hub checkpoints are often bfloat16: they load into float32 variables (exactly, bf16 ⊂ f32),
+    and a bfloat16 model saves BF16 tensors that round-trip bit-exactly."""
+    import ml_dtypes
+
+    model = randomise(llama())
+    folder = hub.save(model, tmp_path / "f32")
+    _edit(folder, lambda t: t.update({k: v.astype(ml_dtypes.bfloat16) for k, v in t.items()}))
+    loaded = hub.load(folder)
+    for a, b in zip(model.weights, loaded.weights):
+        np.testing.assert_array_equal(a.numpy().astype(ml_dtypes.bfloat16).astype("float32"), b.numpy())
+    half = hub.load(folder, dtype="bfloat16")
+    assert half.weights[0].dtype == "bfloat16"
+    again = hub.load(hub.save(half, tmp_path / "bf16"), dtype="bfloat16")
+    assert keys_and_shapes(tmp_path / "bf16") == keys_and_shapes(folder)
+    assert_same_weights(half, again)
+
+
 def test_sharded_checkpoint_with_index(tmp_path):
     model = randomise(llama(tie_embeddings=False))
     folder = hub.save(model, tmp_path / "sharded", max_shard_size=20_000)

@@ -339,13 +339,21 @@ def load_weights(model, folder, strict=True) -> list[str]:
                     f"Shape mismatch for tensor {key!r}: the checkpoint has {tuple(array.shape)}, the model needs "
                     f"{_hf_shape(entry)}. Does config.json describe these weights?"
                 )
-            entry.variable.assign(array.T if entry.transpose else array)
+            entry.variable.assign(_cast(array.T if entry.transpose else array, entry.variable.dtype))
             del array
     finally:
         handles.clear()
     if fresh:
         log.warning("Not in the checkpoint, newly initialised: %s", ", ".join(fresh))
     return fresh
+
+
+def _cast(array, dtype: str):
+    """Checkpoint dtype -> variable dtype in numpy (bfloat16 through ml_dtypes)."""
+    import ml_dtypes
+
+    target = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    return array if array.dtype == target else array.astype(target)
 
 
 def _hf_shape(entry: Entry) -> tuple:
