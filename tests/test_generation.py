@@ -64,6 +64,15 @@ def test_cached_logits_match_the_full_forward_pass(model):
     assert len(seen) == 6
 
 
+def test_stop_tokens_end_each_row(model):
+    full = generate(model, PROMPT, 10)
+    stop = int(full[0, 7])  # the third new token of row 0
+    cut = generate(model, PROMPT, 10, stop_token_ids=[stop])
+    first = 5 + int(np.flatnonzero(full[0, 5:] == stop)[0])
+    np.testing.assert_array_equal(cut[0, :first + 1], full[0, :first + 1])
+    assert not cut[0, first + 1:].any()
+
+
 def test_top_k_one_and_tiny_top_p_are_greedy(model):
     greedy = generate(model, PROMPT, 8)
     np.testing.assert_array_equal(generate(model, PROMPT, 8, sampler="top_k", top_k=1, seed=3), greedy)
