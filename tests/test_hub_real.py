@@ -24,6 +24,8 @@ from zoo.generation import generate
 from benchmarks._assets import fetch
 from tests.test_hub import exact_gelu
 
+pytestmark = pytest.mark.slow  # real assets: deselect with -m "not slow"
+
 
 @pytest.fixture(scope="session")
 def assets():

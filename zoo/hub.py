@@ -293,7 +293,8 @@ def _weight_files(folder: Path) -> dict[str, Path]:
 def load_weights(model, folder, strict=True) -> list[str]:
     """Stream the folder's safetensors into `model`, one tensor at a time.
 
-    Raises on a missing backbone tensor, an unknown tensor or a shape mismatch.
+    Raises on a missing backbone tensor, an unknown tensor (a warning with strict=False)
+    or a shape mismatch.
     A head the checkpoint does not have (a classifier on a `BertModel`) keeps its
     fresh initialisation; its tensor names are returned (and logged)."""
     from safetensors import safe_open
@@ -309,14 +310,13 @@ def load_weights(model, folder, strict=True) -> list[str]:
             available[name] = (key, file)
     entries = weight_map(model)
     wanted = {e.key for e in entries}
-    unexpected = sorted(
-        k for k in available if k not in wanted and not (k.startswith(_KNOWN_HEADS[family]) or k == "lm_head.weight")
-    )
-    if unexpected and strict:
-        raise ValueError(
-            f"Unexpected tensor {available[unexpected[0]][0]!r} in {folder} (and {len(unexpected) - 1} more): "
-            f"a {family} model has no such weight. Is this checkpoint the architecture its config.json says?"
-        )
+    unexpected = sorted(k for k in available if k not in wanted and not k.startswith(_KNOWN_HEADS[family]))
+    if unexpected:
+        message = (f"Unexpected tensor {available[unexpected[0]][0]!r} in {folder} (and {len(unexpected) - 1} more): "
+                   f"a {family} model has no such weight. Is this checkpoint the architecture its config.json says?")
+        if strict:
+            raise ValueError(message)
+        log.warning("%s Ignored (strict=False).", message)
     groups_present = {e.group for e in entries if e.key in available}
     fresh = []
     handles = {}
