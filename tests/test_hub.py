@@ -1,0 +1,367 @@
+"""Hugging Face format in and out on tiny models: exact round trips, the Hugging
+Face tensor names and shapes, keras-hub reading what zoo writes, sharding,
+streaming, the Hub cache, push, and every refusal the issue lists."""
+
+import json
+import os
+import shutil
+import tracemalloc
+
+import keras
+import keras_hub
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+import zoo
+from zoo import hub
+
+TINY_BERT = dict(num_layers=2, hidden_dim=32, num_heads=4, intermediate_dim=64, vocab_size=120,
+                 max_sequence_length=64, dropout=0.0)
+TINY_LLAMA = dict(num_layers=2, hidden_dim=32, num_heads=4, num_kv_heads=2, intermediate_dim=64,
+                  vocab_size=150, max_sequence_length=64)
+
+
+def bert(task="backbone", **kw):
+    return zoo.get("enc-mini", task=task, **{**TINY_BERT, **kw})
+
+
+def llama(task="causal_lm", **kw):
+    return zoo.get("dec-base", task=task, **{**TINY_LLAMA, **kw})
+
+
+def inputs(model, batch=2, length=7, seed=0):
+    rng = np.random.default_rng(seed)
+    vocab = model.spec.vocab_size
+    x = {"token_ids": rng.integers(1, vocab, (batch, length)).astype("int32"),
+         "padding_mask": np.ones((batch, length), "int32")}
+    x["padding_mask"][1, -2:] = 0
+    if "segment_ids" in model.input:
+        x["segment_ids"] = np.zeros((batch, length), "int32")
+    if "mask_positions" in model.input:
+        x["mask_positions"] = np.array([[1, 3], [0, 2]], "int32")
+    return x
+
+
+def randomise(model, seed=0):
+    """Give every variable (biases and norms too) distinct values, so a swapped tensor shows."""
+    rng = np.random.default_rng(seed)
+    for v in model.weights:
+        v.assign(rng.normal(0, 0.2, v.shape).astype(v.dtype) + (1.0 if "gamma" in v.path or "scale" in v.path else 0))
+    return model
+
+
+def keys_and_shapes(folder):
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(folder, name), framework="numpy") as f:
+                out.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+    return out
+
+
+def assert_same_weights(a, b):
+    assert len(a.weights) == len(b.weights)
+    for va, vb in zip(a.weights, b.weights):
+        assert va.path == vb.path
+        np.testing.assert_array_equal(va.numpy(), vb.numpy(), err_msg=va.path)
+
+
+CASES = [
+    ("bert", "backbone", {}), ("bert", "masked_lm", {}), ("bert", "classifier", {"num_classes": 3}),
+    ("llama", "causal_lm", {}), ("llama", "causal_lm", {"tie_embeddings": False}), ("llama", "backbone", {}),
+]
+
+
+@pytest.mark.parametrize("family,task,kw", CASES, ids=lambda c: str(c))
+def test_round_trip_is_bit_exact(tmp_path, family, task, kw):
+    model = randomise((bert if family == "bert" else llama)(task, **kw))
+    hub.save(model, tmp_path / "out")
+    loaded = hub.load(tmp_path / "out")
+    assert type(loaded) is type(model) and loaded.spec.replace(description="") == model.spec.replace(description="")
+    assert_same_weights(model, loaded)
+    x = inputs(model)
+    for key, value in model(x).items():
+        np.testing.assert_array_equal(np.asarray(value), np.asarray(loaded(x)[key]))
+
+
+def test_bert_names_and_shapes_are_transformers(tmp_path):
+    """The tensors transformers' BertForMaskedLM / BertForSequenceClassification / BertModel hold."""
+    h, f, v = 32, 64, 120
+    layer = {
+        "attention.self.query.weight": (h, h), "attention.self.query.bias": (h,),
+        "attention.self.key.weight": (h, h), "attention.self.key.bias": (h,),
+        "attention.self.value.weight": (h, h), "attention.self.value.bias": (h,),
+        "attention.output.dense.weight": (h, h), "attention.output.dense.bias": (h,),
+        "attention.output.LayerNorm.weight": (h,), "attention.output.LayerNorm.bias": (h,),
+        "intermediate.dense.weight": (f, h), "intermediate.dense.bias": (f,),
+        "output.dense.weight": (h, f), "output.dense.bias": (h,),
+        "output.LayerNorm.weight": (h,), "output.LayerNorm.bias": (h,),
+    }
+    base = {"embeddings.word_embeddings.weight": (v, h), "embeddings.position_embeddings.weight": (64, h),
+            "embeddings.token_type_embeddings.weight": (2, h), "embeddings.LayerNorm.weight": (h,),
+            "embeddings.LayerNorm.bias": (h,)}
+    base.update({f"encoder.layer.{i}.{k}": s for i in range(2) for k, s in layer.items()})
+    pooler = {"pooler.dense.weight": (h, h), "pooler.dense.bias": (h,)}
+    mlm = {"cls.predictions.transform.dense.weight": (h, h), "cls.predictions.transform.dense.bias": (h,),
+           "cls.predictions.transform.LayerNorm.weight": (h,), "cls.predictions.transform.LayerNorm.bias": (h,),
+           "cls.predictions.bias": (v,)}
+    prefixed = lambda d: {"bert." + k: s for k, s in d.items()}  # noqa: E731
+    expected = {
+        "backbone": ({**base, **pooler}, "BertModel"),
+        "masked_lm": ({**prefixed(base), **mlm}, "BertForMaskedLM"),
+        "classifier": ({**prefixed({**base, **pooler}), "classifier.weight": (3, h), "classifier.bias": (3,)},
+                       "BertForSequenceClassification"),
+    }
+    for task, (names, arch) in expected.items():
+        folder = hub.save(bert(task, **({"num_classes": 3} if task == "classifier" else {})), tmp_path / task)
+        assert keys_and_shapes(folder) == names
+        config = json.loads((folder / "config.json").read_text())
+        assert config["architectures"] == [arch] and config["hidden_act"] == "gelu"
+
+
+def test_llama_names_and_shapes_are_transformers(tmp_path):
+    h, f, v, kv = 32, 64, 150, 2 * 8
+    layer = {"self_attn.q_proj.weight": (h, h), "self_attn.k_proj.weight": (kv, h),
+             "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, h),
+             "mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f),
+             "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,)}
+    names = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    names.update({f"model.layers.{i}.{k}": s for i in range(2) for k, s in layer.items()})
+    folder = hub.save(llama(), tmp_path / "tied")
+    assert keys_and_shapes(folder) == names
+    folder = hub.save(llama(tie_embeddings=False), tmp_path / "untied")
+    assert keys_and_shapes(folder) == {**names, "lm_head.weight": (v, h)}
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] is False
+    assert (config["num_key_value_heads"], config["head_dim"]) == (2, 8)
+
+
+def exact_gelu(backbone):
+    """keras-hub's BERT uses tanh-approximate GELU; the checkpoints (hidden_act='gelu') use erf."""
+    for i in range(backbone.num_layers):
+        backbone.get_layer(f"transformer_layer_{i}")._feedforward_intermediate_dense.activation = (
+            lambda z: keras.activations.gelu(z, approximate=False))
+    return backbone
+
+
+def test_keras_hub_reads_what_zoo_writes(tmp_path):
+    """An independent loader (keras-hub's Hugging Face converters) gets the same outputs."""
+    model = randomise(bert())
+    folder = hub.save(model, tmp_path / "bert")
+    reference = exact_gelu(keras_hub.models.BertBackbone.from_preset(str(folder)))
+    x = inputs(model)
+    ours, theirs = model(x), reference(x)
+    np.testing.assert_allclose(ours["sequence_output"], theirs["sequence_output"], atol=1e-5)
+    np.testing.assert_allclose(ours["pooled_output"], theirs["pooled_output"], atol=1e-5)
+
+    model = randomise(llama(tie_embeddings=False), seed=1)
+    folder = hub.save(model, tmp_path / "llama")
+    reference = keras_hub.models.Llama3Backbone.from_preset(str(folder), layer_norm_epsilon=model.spec.layer_norm_epsilon)
+    x = inputs(model)
+    x["padding_mask"][:] = 1
+    logits = reference.token_embedding(reference(x), reverse=True)
+    np.testing.assert_allclose(model(x)["logits"], logits, atol=1e-4)
+
+
+def test_bfloat16_checkpoints_load_and_save(tmp_path):
+    """Hub checkpoints are often bfloat16: they load into float32 variables (exactly, bf16 ⊂ f32),
+    and a bfloat16 model saves BF16 tensors that round-trip bit-exactly."""
+    import ml_dtypes
+
+    model = randomise(llama())
+    folder = hub.save(model, tmp_path / "f32")
+    _edit(folder, lambda t: t.update({k: v.astype(ml_dtypes.bfloat16) for k, v in t.items()}))
+    loaded = hub.load(folder)
+    for a, b in zip(model.weights, loaded.weights):
+        np.testing.assert_array_equal(a.numpy().astype(ml_dtypes.bfloat16).astype("float32"), b.numpy())
+    half = hub.load(folder, dtype="bfloat16")
+    assert half.weights[0].dtype == "bfloat16"
+    again = hub.load(hub.save(half, tmp_path / "bf16"), dtype="bfloat16")
+    assert keys_and_shapes(tmp_path / "bf16") == keys_and_shapes(folder)
+    assert_same_weights(half, again)
+
+
+def test_sharded_checkpoint_with_index(tmp_path):
+    model = randomise(llama(tie_embeddings=False))
+    folder = hub.save(model, tmp_path / "sharded", max_shard_size=20_000)
+    shards = sorted(p.name for p in folder.glob("model-*.safetensors"))
+    assert len(shards) > 2 and not (folder / "model.safetensors").exists()
+    index = json.loads((folder / hub.INDEX).read_text())
+    assert set(index["weight_map"].values()) == set(shards)
+    assert_same_weights(model, hub.load(folder))
+
+
+def test_loading_streams_one_tensor_at_a_time(tmp_path):
+    """Extra memory while loading is about one tensor, not the checkpoint."""
+    model = bert(num_layers=4, hidden_dim=128, intermediate_dim=512, vocab_size=2000, max_sequence_length=128)
+    folder = hub.save(randomise(model), tmp_path / "m")
+    total = sum(np.prod(v.shape) * 4 for v in model.weights)
+    largest = max(np.prod(v.shape) * 4 for v in model.weights)
+    target = bert(num_layers=4, hidden_dim=128, intermediate_dim=512, vocab_size=2000, max_sequence_length=128)
+    tracemalloc.start()
+    try:
+        hub.load_weights(target, folder)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert_same_weights(model, target)
+    assert peak < 3 * largest < total, (peak, largest, total)
+
+
+def test_prefixes_and_legacy_layernorm_names_load(tmp_path):
+    """`bert.`-prefixed BertModel weights and TF-era LayerNorm gamma/beta names load the same."""
+    model = randomise(bert())
+    folder = hub.save(model, tmp_path / "plain")
+    with safe_open(folder / "model.safetensors", framework="numpy") as f:
+        tensors = {"bert." + k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"):
+                   f.get_tensor(k) for k in f.keys()}
+    tensors["bert.embeddings.position_ids"] = np.arange(64)[None]  # a buffer old checkpoints carry
+    save_file(tensors, folder / "model.safetensors")
+    assert_same_weights(model, hub.load(folder))
+
+
+def test_new_head_on_a_bare_backbone_checkpoint(tmp_path, caplog):
+    """A BertModel checkpoint fine-tunes as a classifier: backbone loaded, head fresh (and said so)."""
+    model = randomise(bert())
+    folder = hub.save(model, tmp_path / "bare")
+    classifier = hub.load(folder, task="classifier", num_classes=5)
+    assert classifier.output["logits"].shape[-1] == 5
+    assert_same_weights(model, classifier.backbone)
+    assert "classifier.weight" in caplog.text
+    # A masked-LM checkpoint loads as a backbone (its MLM head is dropped, its missing pooler is fresh).
+    mlm = randomise(bert("masked_lm"))
+    folder = hub.save(mlm, tmp_path / "mlm")
+    backbone = hub.load(folder, task="backbone")
+    for v in mlm.backbone.weights:
+        np.testing.assert_array_equal(v.numpy(), _variable(backbone, v.path).numpy(), err_msg=v.path)
+
+
+def _variable(model, path):
+    return next(w for w in model.weights if w.path == path)
+
+
+def test_registered_name_must_match_the_checkpoint(tmp_path):
+    folder = hub.save(bert(), tmp_path / "tiny")
+    with pytest.raises(ValueError, match=r"not a 'enc-base' checkpoint.*num_layers: checkpoint 2, enc-base 12"):
+        zoo.get("enc-base", weights=str(folder))
+
+
+def test_tokenizers_round_trip(tmp_path):
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "##s", "on", "mat"]
+    wordpiece = keras_hub.models.BertTokenizer(vocabulary=vocab, lowercase=True)
+    bpe = keras_hub.tokenizers.BytePairTokenizer(
+        vocabulary={"<|endoftext|>": 0, "t": 1, "h": 2, "e": 3, "Ġ": 4, "c": 5, "a": 6, "th": 7, "the": 8, "Ġc": 9,
+                    "at": 10, "Ġcat": 11},
+        merges=["t h", "th e", "Ġ c", "a t", "Ġc at"], unsplittable_tokens=["<|endoftext|>"])
+    for tokenizer, model, text in ((wordpiece, bert(), "The cats sat on the mat"),
+                                   (bpe, llama(), "the cat<|endoftext|>")):
+        folder = hub.save(model, tmp_path / type(tokenizer).__name__, tokenizer=tokenizer)
+        again = hub.load(folder).tokenizer
+        assert type(again) is type(tokenizer)
+        assert np.asarray(again(text)).tolist() == np.asarray(tokenizer(text)).tolist()
+        assert len(np.asarray(tokenizer(text))) > 2
+
+
+def test_save_refuses_to_overwrite_and_writes_atomically(tmp_path):
+    folder = hub.save(bert(), tmp_path / "m")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        hub.save(bert(), folder)
+    model = randomise(bert(), seed=3)
+    hub.save(model, folder, overwrite=True)
+    assert_same_weights(model, hub.load(folder))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temp siblings left behind
+
+
+def test_push_uploads_the_saved_folder(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    model = randomise(llama())
+    calls = {}
+
+    def create_repo(self, repo_id, **kw):
+        calls["repo"] = repo_id
+
+    def upload_folder(self, repo_id, folder_path, **kw):
+        shutil.copytree(folder_path, tmp_path / "uploaded")
+        calls["upload"] = repo_id
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    hub.push(model, "someone/tiny-llama")
+    assert calls == {"repo": "someone/tiny-llama", "upload": "someone/tiny-llama"}
+    assert sorted(os.listdir(tmp_path / "uploaded")) == ["config.json", "model.safetensors"]
+    assert_same_weights(model, hub.load(tmp_path / "uploaded"))
+
+
+def hf_cache(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def test_hub_repo_id_resolves_from_the_cache_offline(tmp_path, monkeypatch):
+    cache = hf_cache(tmp_path, monkeypatch)
+    model = randomise(bert())
+    repo = cache / "models--someone--tiny-bert"
+    hub.save(model, repo / "snapshots" / ("a" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    assert_same_weights(model, hub.load("someone/tiny-bert"))
+
+
+def test_hub_repo_id_without_network_or_cache_says_so(tmp_path, monkeypatch):
+    hf_cache(tmp_path, monkeypatch)
+    with pytest.raises(OSError, match="unreachable.*not in the local cache"):
+        hub.load("someone/not-cached")
+
+
+def test_pickle_only_folder_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(hub.config_from_spec(bert().spec, "backbone")))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not unpickled")
+    with pytest.raises(ValueError, match="pytorch_model.bin.*never unpickles.*safe_serialization=True"):
+        hub.load(tmp_path)
+
+
+def _edit(folder, fn):
+    with safe_open(folder / "model.safetensors", framework="numpy") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    fn(tensors)
+    save_file(tensors, folder / "model.safetensors")
+
+
+def test_missing_unexpected_and_misshapen_tensors_are_named(tmp_path):
+    folder = hub.save(bert(), tmp_path / "m")
+    _edit(folder, lambda t: t.pop("encoder.layer.1.output.dense.bias"))
+    with pytest.raises(ValueError, match=r"Missing tensor 'encoder.layer.1.output.dense.bias'.*\(32,\)"):
+        hub.load(folder)
+    folder = hub.save(bert(), tmp_path / "m", overwrite=True)
+    _edit(folder, lambda t: t.update({"encoder.layer.0.attention.self.rotary.weight": np.zeros(3, "float32")}))
+    with pytest.raises(ValueError, match="Unexpected tensor 'encoder.layer.0.attention.self.rotary.weight'"):
+        hub.load(folder)
+    folder = hub.save(bert(), tmp_path / "m", overwrite=True)
+    _edit(folder, lambda t: t.update({"encoder.layer.0.intermediate.dense.weight": np.zeros((60, 32), "float32")}))
+    with pytest.raises(ValueError, match=r"'encoder.layer.0.intermediate.dense.weight'.*\(60, 32\).*\(64, 32\)"):
+        hub.load(folder)
+
+
+def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*BertModel, BertForMaskedLM.*LlamaForCausalLM"):
+        hub.load(tmp_path)
+    config = hub.config_from_spec(bert().spec, "backbone")
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu_new"}))
+    with pytest.raises(ValueError, match="gelu_new"):
+        hub.load(tmp_path)
+
+
+def test_registered_shapes_are_recognised():
+    config = hub.config_from_spec(zoo.spec("dec-base"), "causal_lm")
+    spec, task, _ = hub.spec_from_config(config)
+    assert hub.match_registered(spec) == "dec-base" and task == "causal_lm"
+    assert hub.match_registered(spec.replace(num_layers=3)) is None
