@@ -186,6 +186,8 @@ def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=Fal
     archive.add_endpoint("serving_default", serve, input_signature=[_input_specs(model)])
     if tokenizer is not None:
         pack = text_packer(model, tokenizer, length)
+        if not tokenizer.built:
+            tokenizer.build(None)  # keras-hub tokenizers hold their tables from __init__
         archive.track(tokenizer)
 
         def serve_text(text):
