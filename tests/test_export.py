@@ -174,6 +174,12 @@ def test_signatures_and_requests(served):
     assert served["requests"]["serving_default"].model_spec.signature_name == "serving_default"
 
 
+def test_weights_are_stored_once(served):
+    weights = sum(p.stat().st_size for p in (served["path"] / "variables").iterdir())
+    params = served["model"].count_params() * 4
+    assert params <= weights < 1.1 * params + 50_000
+
+
 def test_saved_model_cli_lists_signatures(served):
     text = served["saved_model_cli"]  # `saved_model_cli show --all`, run next to the fresh process
     assert "signature_def['serving_default']" in text and "signature_def['text']" in text

@@ -176,8 +176,9 @@ def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=Fal
     serving = serving_model(model)
     length = _exported_length(model, sequence_length)
     _check_target(path, overwrite)
+    # Not archive.track(serving): add_endpoint saves the variables the endpoints use, and
+    # tracking the model as well stores every weight twice (Keras 3.15's model.export does).
     archive = keras.export.ExportArchive()
-    archive.track(serving)
 
     def serve(inputs):
         _check_length(inputs["token_ids"], length)
