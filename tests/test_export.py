@@ -302,6 +302,8 @@ def test_bad_models_and_options(encoder, tmp_path):
         export.saved_model(unbuilt, tmp_path / "a")
     with pytest.raises(ValueError, match="not a zoo model"):
         export.tflite(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), tmp_path / "a.tflite")
+    with pytest.raises(ValueError, match="not a zoo model"):
+        export.saved_model(keras.layers.Dense(2), tmp_path / "a")
     with pytest.raises(ValueError, match="Unknown quantization 'int4'"):
         export.tflite(encoder, tmp_path / "a.tflite", quantize="int4")
     with pytest.raises(ValueError, match="must end in .tflite"):

@@ -57,14 +57,14 @@ def serving_model(model) -> keras.Model:
 
 
 def check_model(model):
-    if not isinstance(model, keras.Model) or not model.built:
+    if isinstance(model, keras.Model) and not model.built:
         raise ValueError(
-            f"Cannot export {type(model).__name__} {getattr(model, 'name', '')!r}: the model was never built. "
+            f"Cannot export {type(model).__name__} {model.name!r}: the model was never built. "
             "Export a model from zoo.get(...) or keras.models.load_model('model.keras')."
         )
-    if not hasattr(model, "spec"):
+    if not isinstance(model, keras.Model) or not hasattr(model, "spec"):
         raise ValueError(
-            f"{type(model).__name__} {model.name!r} is not a zoo model (it has no `spec`); "
+            f"{type(model).__name__} {getattr(model, 'name', '')!r} is not a zoo model (it has no `spec`); "
             "export models built by zoo.get(...) or loaded from a .keras file saved from one."
         )
 
