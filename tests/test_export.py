@@ -1,0 +1,331 @@
+"""Exports checked from outside: a fresh TensorFlow-only process, saved_model_cli,
+TF Serving requests and the LiteRT interpreter, each against the Keras model."""
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+
+import zoo
+from zoo import export
+
+TINY = dict(num_layers=2, hidden_dim=64, num_heads=4, intermediate_dim=128, vocab_size=120, max_sequence_length=32)
+FAMILIES = {
+    "bert": lambda **kw: zoo.get("enc-base", task="classifier", num_classes=3, **TINY, **kw),
+    "llama": lambda **kw: zoo.get("dec-base", num_kv_heads=2, **TINY, **kw),
+}
+OUTPUTS = {"bert": ["logits", "pooled_output", "sequence_output"], "llama": ["next_token_logits"]}
+WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far", "away", "##s", "##ing", "a", "big", "red", "sun"]
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+TEXTS = ["the cat sat on the mat", "a big red dog ran far away", "suns"]
+SEQ = 12
+
+
+def batch_for(model, batch_size=3, length=SEQ, seed=1):
+    return export.parity_batch(model, batch_size, length, seed=seed)
+
+
+def keras_reference(model, batch):
+    """What serving must return, computed with the plain Keras model."""
+    if model.spec.is_decoder:
+        logits = np.asarray(model(batch, training=False)["logits"])
+        last = np.maximum(batch["padding_mask"].sum(axis=1) - 1, 0)
+        return {"next_token_logits": logits[np.arange(len(last)), last]}
+    out = {k: np.asarray(v) for k, v in model.backbone(batch, training=False).items()}
+    out["logits"] = np.asarray(model(batch, training=False)["logits"])
+    return out
+
+
+def assert_close(reference, outputs, atol):
+    assert sorted(outputs) == sorted(reference)
+    for name, ref in reference.items():
+        np.testing.assert_allclose(outputs[name], ref, atol=atol, rtol=0, err_msg=name)
+
+
+def signature_defs(path):
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((path / "saved_model.pb").read_bytes())
+    return saved.meta_graphs[0].signature_def, saved.meta_graphs[0].graph_def
+
+
+def predict_request(name, signature, arrays):
+    """A TF Serving PredictRequest for one signature, checked against its SignatureDef."""
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "zoo"
+    request.model_spec.signature_name = name
+    for key, value in arrays.items():
+        request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+    assert sorted(request.inputs) == sorted(signature.inputs)
+    for key, info in signature.inputs.items():
+        assert request.inputs[key].dtype == info.dtype, key
+        assert len(request.inputs[key].tensor_shape.dim) == len(info.tensor_shape.dim), key
+    return predict_pb2.PredictRequest.FromString(request.SerializeToString())  # the wire round trip
+
+
+FRESH_PROCESS = textwrap.dedent("""
+    import sys, numpy as np, tensorflow as tf
+    if TEXT:
+        import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
+    loaded = tf.saved_model.load(PATH)
+    results = {}
+    for name, inputs in np.load(INPUTS, allow_pickle=False).items():
+        signature, _, key = name.partition("/")
+        results.setdefault(signature, {})[key] = inputs
+    out = {}
+    for signature, inputs in results.items():
+        for key, value in loaded.signatures[signature](**{k: tf.constant(v) for k, v in inputs.items()}).items():
+            out[signature + "/" + key] = value.numpy()
+    too_long = {k: tf.ones([1, LIMIT + 1], tf.int32) for k in results["serving_default"]}
+    try:
+        loaded.signatures["serving_default"](**too_long)
+        error = ""
+    except tf.errors.InvalidArgumentError as e:
+        error = e.message
+    np.savez(OUTPUTS, **out)
+    print(json.dumps({"error": error, "zoo_imported": any(m.split(".")[0] in ("zoo", "keras_hub") for m in sys.modules)}))
+""")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from keras_hub.tokenizers import WordPieceTokenizer
+
+    return WordPieceTokenizer(vocabulary=VOCAB, lowercase=True)
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def served(request, tmp_path_factory, tokenizer):
+    """A tiny model of one family, its SavedModel, TF Serving requests for every signature,
+    and what a fresh TensorFlow-only process returns for them."""
+    family = request.param
+    keras.utils.set_random_seed(0)
+    model = FAMILIES[family]()
+    tmp = tmp_path_factory.mktemp(family)
+    path = export.saved_model(model, tmp / "model", sequence_length=SEQ + 4, tokenizer=tokenizer)
+    signatures, _ = signature_defs(path)
+    batch = batch_for(model)
+    arrays = {"serving_default": batch, export.TEXT_SIGNATURE: {"text": np.array(TEXTS, dtype=object)}}
+    requests = {name: predict_request(name, signatures[name], arrays[name]) for name in arrays}
+    flat = {f"{name}/{key}": tf.make_ndarray(tensor) for name, r in requests.items() for key, tensor in r.inputs.items()}
+    flat = {k: v.astype(bytes) if v.dtype == object else v for k, v in flat.items()}  # strings, without pickle
+    np.savez(tmp / "inputs.npz", **flat)
+    script = (f"import json\nPATH, INPUTS, OUTPUTS, LIMIT, TEXT = {str(path)!r}, {str(tmp / 'inputs.npz')!r}, "
+              f"{str(tmp / 'outputs.npz')!r}, {SEQ + 4}, True\n" + FRESH_PROCESS)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("PYTHONPATH", None)  # the fresh process must not see the project
+    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    run = lambda args: subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
+    fresh, shown = run([sys.executable, "-c", script]), run([cli, "show", "--dir", str(path), "--all"])
+    (out, err), (cli_out, cli_err) = fresh.communicate(timeout=300), shown.communicate(timeout=300)
+    assert fresh.returncode == 0, err[-3000:]
+    assert shown.returncode == 0, cli_err[-3000:]
+    info = json.loads(out.strip().splitlines()[-1])
+    outputs = collections.defaultdict(dict)
+    for name, value in np.load(tmp / "outputs.npz").items():
+        signature, _, key = name.partition("/")
+        outputs[signature][key] = value
+    return {"family": family, "model": model, "path": path, "batch": batch, "outputs": outputs, "info": info,
+            "signatures": signatures, "requests": requests, "saved_model_cli": cli_out}
+
+
+def test_fresh_tensorflow_process_matches_keras(served):
+    assert not served["info"]["zoo_imported"]
+    assert_close(keras_reference(served["model"], served["batch"]), served["outputs"]["serving_default"], atol=1e-5)
+
+
+def test_text_signature_tokenizes_in_the_graph(served, tokenizer):
+    model = served["model"]
+    ids = [[2] + list(np.asarray(tokenizer(t))) for t in TEXTS] if not model.spec.is_decoder else \
+        [list(np.asarray(tokenizer(t))) for t in TEXTS]
+    length = SEQ + 4
+    token_ids = np.zeros((len(TEXTS), length), np.int32)
+    for row, seq in enumerate(ids):
+        seq = seq + ([3] if not model.spec.is_decoder else [])
+        token_ids[row, :len(seq)] = seq
+    batch = {"token_ids": token_ids, "padding_mask": (token_ids != 0).astype(np.int32),
+             "segment_ids": np.zeros_like(token_ids)}
+    batch = {k: batch[k] for k in model.input}
+    assert np.asarray(tokenizer("suns")).tolist() == [VOCAB.index("sun"), VOCAB.index("##s")]
+    assert_close(keras_reference(model, batch), served["outputs"][export.TEXT_SIGNATURE], atol=1e-5)
+
+
+def test_too_long_input_is_refused_at_serving_time(served):
+    assert f"exceeds the exported length of {SEQ + 4} tokens" in served["info"]["error"]
+
+
+def test_signatures_and_requests(served):
+    signatures = served["signatures"]
+    assert {"serving_default", export.TEXT_SIGNATURE} <= set(signatures)
+    serving = signatures["serving_default"]
+    assert sorted(serving.inputs) == sorted(served["model"].input)
+    assert sorted(serving.outputs) == OUTPUTS[served["family"]]
+    assert serving.method_name == "tensorflow/serving/predict"
+    assert signatures[export.TEXT_SIGNATURE].inputs["text"].dtype == tf.string.as_datatype_enum
+    assert served["requests"]["serving_default"].model_spec.signature_name == "serving_default"
+
+
+def test_weights_are_stored_once(served):
+    weights = sum(p.stat().st_size for p in (served["path"] / "variables").iterdir())
+    params = served["model"].count_params() * 4
+    assert params <= weights < 1.1 * params + 50_000
+
+
+def test_saved_model_cli_lists_signatures(served):
+    text = served["saved_model_cli"]  # `saved_model_cli show --all`, run next to the fresh process
+    assert "signature_def['serving_default']" in text and "signature_def['text']" in text
+    for name in served["model"].input:
+        assert f"inputs['{name}'] tensor_info:\n        dtype: DT_INT32\n        shape: (-1, -1)" in text
+    assert "inputs['text'] tensor_info:\n        dtype: DT_STRING\n        shape: (-1)" in text
+    hidden, vocab = TINY["hidden_dim"], TINY["vocab_size"]
+    expected = {"bert": {"sequence_output": "(-1, -1, %d)" % hidden, "pooled_output": "(-1, %d)" % hidden,
+                         "logits": "(-1, 3)"},
+                "llama": {"next_token_logits": "(-1, %d)" % vocab}}[served["family"]]
+    for name, shape in expected.items():
+        assert f"outputs['{name}'] tensor_info:\n        dtype: DT_FLOAT\n        shape: {shape}" in text
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("quantize, tolerance", [(None, 1e-5), ("float16", 5e-3), ("int8", 5e-2)])
+def test_tflite_parity(family, quantize, tolerance, tmp_path):
+    keras.utils.set_random_seed(0)
+    model = FAMILIES[family]()
+    report = export.tflite(model, tmp_path / "m.tflite", quantize=quantize, batch_size=2, sequence_length=SEQ)
+    assert report.quantize == (quantize or "float32") and report.size_bytes == (tmp_path / "m.tflite").stat().st_size
+    assert sorted(report.outputs) == OUTPUTS[family]
+    assert report.max_rel <= tolerance, str(report)
+    # Independently of the report: run the file on another batch and compare with Keras.
+    batch = batch_for(model, batch_size=2, seed=7)
+    reference = keras_reference(model, batch)
+    got = export.run_tflite(tmp_path / "m.tflite", batch)
+    for name, ref in reference.items():
+        assert np.max(np.abs(got[name] - ref)) <= tolerance * np.max(np.abs(ref)), name
+    if quantize is None:
+        assert_close(reference, got, atol=1e-5)
+    else:  # quantization really changed the numbers (the check above is not vacuous)
+        assert report.max_abs > 1e-6
+
+
+def test_masked_lm_exports_with_mask_positions(tmp_path, tokenizer):
+    keras.utils.set_random_seed(0)
+    model = zoo.get("enc-base", task="masked_lm", **TINY)
+    report = export.tflite(model, tmp_path / "mlm.tflite", batch_size=2, sequence_length=SEQ)
+    assert sorted(report.outputs) == ["logits", "sequence_output"] and report.max_rel <= 1e-5
+    batch = batch_for(model, batch_size=2, seed=3)
+    got = export.run_tflite(tmp_path / "mlm.tflite", batch)
+    np.testing.assert_allclose(got["logits"], model(batch)["logits"], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="mask_positions"):
+        export.saved_model(model, tmp_path / "sm", tokenizer=tokenizer)
+    assert [p.name for p in tmp_path.iterdir()] == ["mlm.tflite"]
+
+
+def op_types(path):
+    _, graph = signature_defs(path)
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    return collections.Counter(n.op for n in nodes), graph.SerializeToString()
+
+
+def test_checkpointed_model_exports_the_same_graph(tmp_path):
+    keras.utils.set_random_seed(0)
+    plain = FAMILIES["bert"]()
+    checkpointed = FAMILIES["bert"](checkpointing="full")
+    checkpointed.set_weights(plain.get_weights())
+    assert checkpointed.checkpointing == "full"
+    a = export.saved_model(plain, tmp_path / "plain")
+    b = export.saved_model(checkpointed, tmp_path / "full")
+    (ops_a, graph_a), (ops_b, graph_b) = op_types(a), op_types(b)
+    assert ops_a == ops_b
+    assert b"recompute" not in graph_b.lower()
+    batch = batch_for(plain)
+    out_a = tf.saved_model.load(str(a)).signatures["serving_default"](**batch)
+    out_b = tf.saved_model.load(str(b)).signatures["serving_default"](**batch)
+    for name in out_a:
+        np.testing.assert_array_equal(out_a[name].numpy(), out_b[name].numpy())
+
+
+# Bad input ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def encoder():
+    keras.utils.set_random_seed(0)
+    return FAMILIES["bert"]()
+
+
+def test_existing_path_is_not_overwritten(encoder, tmp_path):
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "keep.txt").write_text("earlier export")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        export.saved_model(encoder, target)
+    (tmp_path / "m.tflite").write_bytes(b"earlier")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        export.tflite(encoder, tmp_path / "m.tflite")
+    assert (target / "keep.txt").read_text() == "earlier export"
+    assert (tmp_path / "m.tflite").read_bytes() == b"earlier"
+    export.saved_model(encoder, target, overwrite=True)
+    assert not (target / "keep.txt").exists() and (target / "saved_model.pb").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.tflite", "model"]
+
+
+def test_interrupted_export_leaves_the_earlier_one(encoder, tmp_path, monkeypatch):
+    target = tmp_path / "model"
+    (target / "variables").mkdir(parents=True)
+    (target / "saved_model.pb").write_bytes(b"earlier export")
+    (target / "variables" / "variables.index").write_bytes(b"earlier weights")
+    before = sorted((p.relative_to(target), p.read_bytes()) for p in target.rglob("*") if p.is_file())
+
+    def crash(obj, export_dir, **kwargs):  # dies half-way through writing
+        os.makedirs(export_dir)
+        open(os.path.join(export_dir, "saved_model.pb"), "wb").write(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tf.saved_model, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        export.saved_model(encoder, target, overwrite=True)
+    with pytest.raises(KeyboardInterrupt):
+        export.saved_model(encoder, tmp_path / "new")
+    assert sorted((p.relative_to(target), p.read_bytes()) for p in target.rglob("*") if p.is_file()) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_bad_models_and_options(encoder, tmp_path):
+    unbuilt = keras.Sequential([keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="never built"):
+        export.saved_model(unbuilt, tmp_path / "a")
+    with pytest.raises(ValueError, match="not a zoo model"):
+        export.tflite(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]), tmp_path / "a.tflite")
+    with pytest.raises(ValueError, match="not a zoo model"):
+        export.saved_model(keras.layers.Dense(2), tmp_path / "a")
+    with pytest.raises(ValueError, match="Unknown quantization 'int4'"):
+        export.tflite(encoder, tmp_path / "a.tflite", quantize="int4")
+    with pytest.raises(ValueError, match="must end in .tflite"):
+        export.tflite(encoder, tmp_path / "a.lite")
+    with pytest.raises(ValueError, match="outside this model's range 1..32"):
+        export.saved_model(encoder, tmp_path / "a", sequence_length=33)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_exports_a_saved_keras_file(encoder, tmp_path, capsys):
+    from zoo.cli import main
+
+    encoder.save(tmp_path / "tiny.keras")
+    out = tmp_path / "tiny.tflite"
+    args = ["export", str(tmp_path / "tiny.keras"), "--format", "tflite", "--quantize", "int8",
+            "--sequence-length", "8", "-o", str(out)]
+    # A fresh process: the .keras file must load without the test having imported zoo's models.
+    done = subprocess.run([sys.executable, "-m", "zoo.cli", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "(int8," in done.stdout and "max rel" in done.stdout and out.stat().st_size > 0
+    assert main(args) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["export", "no-such-model", "--format", "saved_model"]) == 2
+    assert "neither a registered model" in capsys.readouterr().err
