@@ -120,3 +120,14 @@ def test_keras_format_round_trip_under_mixed_precision(name, task, tmp_path):
     logits = model(x)["logits"]
     assert logits.dtype == "float32"  # softmax and loss stay in float32
     np.testing.assert_array_equal(logits, loaded(x)["logits"])
+
+
+def test_import_zoo_is_enough_to_load_a_saved_model(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "model.keras"
+    zoo.get("dec-base", **TINY_DEC).save(path)
+    code = f"import zoo, keras; print(type(keras.models.load_model({str(path)!r})).__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "DecoderCausalLM", out.stderr[-2000:]

@@ -9,6 +9,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from zoo.checkpointing import POLICIES  # noqa: E402
 from zoo.registry import ModelSpec, names, register, spec  # noqa: E402
+from zoo import models  # noqa: E402,F401  (registers the classes, so keras.models.load_model works after `import zoo`)
 
 __version__ = "0.1.0"
 

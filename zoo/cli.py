@@ -40,11 +40,10 @@ def build_parser():
     parser = argparse.ArgumentParser(prog="zoo", description="keras-zoo: memory-efficient Transformers")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _builtin(subparsers)
-    for module in ("zoo.memory", "zoo.export"):
-        try:
-            __import__(module, fromlist=["register"]).register(subparsers)
-        except (ImportError, AttributeError):
-            pass  # that part of the library is not there yet
+    from zoo import export, memory
+
+    for module in (memory, export):
+        module.register(subparsers)
     for entry in entry_points(group="zoo.commands"):
         entry.load()(subparsers)
     return parser

@@ -328,7 +328,6 @@ def tflite(model, path, quantize=None, batch_size=1, sequence_length=128, overwr
 def load(model_or_checkpoint, task=None):
     """A registered model name (random weights, for trying) or a saved .keras file."""
     import zoo
-    import zoo.models  # noqa: F401  (registers the model classes with Keras; `import zoo` alone does not)
 
     if str(model_or_checkpoint).endswith(".keras"):
         if not Path(model_or_checkpoint).is_file():
