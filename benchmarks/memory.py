@@ -8,8 +8,9 @@ and the optimizer are built (`tf.config.experimental.get_memory_info("CPU:0")`);
 peak RSS (which never shrinks under TF's pooling allocator) is printed beside it.
 Step time is given as wall time and as the process's CPU time (all threads): on a
 shared machine the CPU-time ratio is the steadier measure of recomputation's cost.
-Encoders train masked-LM (15% of positions), decoders causal-LM, with Adam.
-enc-base at sequence 1024 is built with 1024 learned positions (BERT has 512).
+Encoders train masked-LM (15% of positions), decoders causal-LM, with Adam
+(benchmarks/_training.py). enc-base at sequence 1024 is built with 1024 learned
+positions (BERT has 512).
 Prints a table, the ratios to `none`, and one JSON line.
 """
 
@@ -28,30 +29,13 @@ def run_variant(model, batch, seq, precision, policy, steps):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import resource
 
-    import keras
     import numpy as np
     import tensorflow as tf
 
-    import zoo
+    from _training import compiled_model, synthetic_batch
 
-    spec = zoo.spec(model)
-    task = "masked_lm" if spec.family == "bert" else "causal_lm"
-    # BERT has 512 learned positions: longer sequences get a model with more of them.
-    overrides = {"max_sequence_length": seq} if seq > spec.max_sequence_length else {}
-    keras.utils.set_random_seed(0)  # same weights and data in every variant
-    m = zoo.get(model, checkpointing=policy, dtype=precision, task=task, **overrides)
-    rng = np.random.default_rng(0)
-    x = {"token_ids": rng.integers(0, spec.vocab_size, (batch, seq), dtype="int32"),
-         "padding_mask": np.ones((batch, seq), "int32")}
-    if task == "masked_lm":
-        x["segment_ids"] = np.zeros((batch, seq), "int32")
-        x["mask_positions"] = np.sort(rng.choice(seq, (batch, int(seq * 0.15)))).astype("int32")
-        y = np.take_along_axis(x["token_ids"], x["mask_positions"], axis=1)
-    else:
-        y = np.roll(x["token_ids"], -1, axis=1)
-    m.compile(optimizer=keras.optimizers.Adam(1e-4, clipnorm=1.0),
-              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    m.optimizer.build(m.trainable_variables)
+    m = compiled_model(model, policy, precision, seq)
+    x, y = synthetic_batch(model, batch, seq)
     tf.config.experimental.reset_memory_stats("CPU:0")
     base = tf.config.experimental.get_memory_info("CPU:0")["current"]
     times, cpu_times = [], []

@@ -44,29 +44,14 @@ def child(model, policy, precision, batch, seq, steps):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import resource
 
-    import keras
-    import numpy as np
     import tensorflow as tf
 
-    import zoo
+    from _training import compiled_model, synthetic_batch
 
-    spec = zoo.spec(model)
-    task = "masked_lm" if spec.family == "bert" else "causal_lm"
     start = time.perf_counter()
-    m = zoo.get(model, checkpointing=policy, dtype=precision, task=task)
-    m.compile(optimizer=keras.optimizers.Adam(1e-4, clipnorm=1.0),
-              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    m.optimizer.build(m.trainable_variables)
+    m = compiled_model(model, policy, precision, seq)
     build_s = time.perf_counter() - start
-    rng = np.random.default_rng(0)
-    x = {"token_ids": rng.integers(0, spec.vocab_size, (batch, seq), dtype="int32"),
-         "padding_mask": np.ones((batch, seq), "int32")}
-    if task == "masked_lm":
-        x["segment_ids"] = np.zeros((batch, seq), "int32")
-        x["mask_positions"] = np.sort(rng.choice(seq, (batch, int(seq * 0.15)))).astype("int32")
-        y = np.take_along_axis(x["token_ids"], x["mask_positions"], axis=1)
-    else:
-        y = np.roll(x["token_ids"], -1, axis=1)
+    x, y = synthetic_batch(model, batch, seq)
     tf.config.experimental.reset_memory_stats("CPU:0")
     base = tf.config.experimental.get_memory_info("CPU:0")["current"]
     times, losses = [], []

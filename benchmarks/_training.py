@@ -1,0 +1,34 @@
+"""The training setup the memory benchmarks share: a registered model with its
+training head, Adam (clipnorm 1.0) built, and one synthetic batch.
+
+Encoders train masked-LM (15% of positions), decoders causal-LM.
+"""
+
+import keras
+import numpy as np
+
+import zoo
+
+
+def compiled_model(model, policy, precision, seq):
+    spec = zoo.spec(model)
+    task = "masked_lm" if spec.family == "bert" else "causal_lm"
+    # BERT has 512 learned positions: longer sequences get a model with more of them.
+    overrides = {"max_sequence_length": seq} if seq > spec.max_sequence_length else {}
+    keras.utils.set_random_seed(0)  # same weights and data in every variant
+    m = zoo.get(model, checkpointing=policy, dtype=precision, task=task, **overrides)
+    m.compile(optimizer=keras.optimizers.Adam(1e-4, clipnorm=1.0),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    m.optimizer.build(m.trainable_variables)  # Adam's slots count as "built", not as step memory
+    return m
+
+
+def synthetic_batch(model, batch, seq):
+    spec, rng = zoo.spec(model), np.random.default_rng(0)
+    x = {"token_ids": rng.integers(0, spec.vocab_size, (batch, seq), dtype="int32"),
+         "padding_mask": np.ones((batch, seq), "int32")}
+    if spec.family == "bert":
+        x["segment_ids"] = np.zeros((batch, seq), "int32")
+        x["mask_positions"] = np.sort(rng.choice(seq, (batch, int(seq * 0.15)))).astype("int32")
+        return x, np.take_along_axis(x["token_ids"], x["mask_positions"], axis=1)
+    return x, np.roll(x["token_ids"], -1, axis=1)
