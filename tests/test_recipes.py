@@ -9,11 +9,13 @@ import os
 import keras
 import numpy as np
 import pytest
-from _recipes_fixtures import recipes_news, recipes_reuters, recipes_vocab, tiny  # noqa: F401
+from _recipes_fixtures import REPO, recipes_news, recipes_reuters, recipes_vocab, tiny  # noqa: F401
 
 import recipes
 import zoo
 from recipes import optim, state
+
+ONE_LAYER = dict(num_layers=1, hidden_dim=32, num_heads=2, num_kv_heads=1, intermediate_dim=64, vocab_size=256)
 
 
 def test_every_registered_model_has_a_recipe():
@@ -87,7 +89,8 @@ def _adam(grads, lr, b1, b2, eps):
 
 
 def test_clipnorm_is_applied_to_the_global_norm():
-    recipe = recipes.get("dec-base", warmup_steps=0, steps=10**6, weight_decay=0.0, clipnorm=1.0, epsilon=1e-8)
+    recipe = recipes.get("dec-base", warmup_steps=0, steps=10**6, weight_decay=0.0, clipnorm=1.0, epsilon=1e-8,
+                         accumulation_steps=1)
     layer = keras.layers.Dense(3, use_bias=False, kernel_initializer="zeros")
     model = keras.Sequential([keras.Input((2,)), layer])
     opt = optim.optimizer(recipe, model)
@@ -125,7 +128,7 @@ def test_gradient_accumulation_equals_one_large_batch():
     Adam's epsilon is raised to 1e-3: at 1e-8 Adam's first steps are sign(g), and a
     near-zero gradient coordinate's float32 summation-order noise flips its sign."""
     base = tiny("dec-base", precision="float32", warmup_steps=0, steps=100, batch_size=2, learning_rate=1e-2,
-                epsilon=1e-3)
+                epsilon=1e-3, model_overrides=ONE_LAYER)
     micro = base.replace(accumulation_steps=4)
     keras.utils.set_random_seed(0)
     small, large = recipes.build(micro), recipes.build(base.replace(batch_size=8))
@@ -145,7 +148,7 @@ def test_gradient_accumulation_equals_one_large_batch():
 
 
 def test_mixed_float16_scales_the_loss_and_skips_non_finite_steps():
-    recipe = tiny("dec-base", precision="mixed_float16", warmup_steps=0, steps=100)
+    recipe = tiny("dec-base", precision="mixed_float16", warmup_steps=0, steps=100, model_overrides=ONE_LAYER)
     model = recipes.build(recipe)
     opt = model.optimizer
     assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
@@ -197,18 +200,35 @@ def test_bad_input_fails_before_training(tmp_path, recipes_news, recipes_vocab):
     assert _snapshot(out) == before and sorted(os.listdir(out)) == [state.RUN_FILE]
 
 
-def test_cli_train_runs_and_reports(tmp_path, recipes_news, recipes_vocab, capsys):
-    from zoo.cli import main
+def _zoo(argv):
+    """`zoo ARGV` with the train command registered as the entry point does it."""
+    import argparse
 
+    from recipes import cli
+
+    parser = argparse.ArgumentParser(prog="zoo")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_zoo_train_is_registered_as_an_entry_point():
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["entry-points"]["zoo.commands"]["train"] == "recipes.cli:register"
+
+
+def test_cli_train_resolves_the_recipe_and_names_bad_input(tmp_path, capsys):
+    """`zoo train ... --show` prints the recipe the flags resolve to; a missing file
+    fails with the path in the message (zoo.cli.main prints it and exits 2)."""
     out = str(tmp_path / "cli")
-    args = ["train", "dec-base", "--data", recipes_news, "--text-column", "text", "--out-dir", out, "--steps", "4",
-            "--batch-size", "4", "--sequence-length", "16", "--log-every", "2", "--vocabulary", recipes_vocab["llama"],
-            "--precision", "float32"]
-    for kv in ("num_layers=1", "hidden_dim=32", "num_heads=2", "num_kv_heads=1", "intermediate_dim=64",
-               "vocab_size=512"):
-        args += ["--override", kv]
-    assert main(args) == 0
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert report["model"] == "dec-base" and report["steps"] == 4 and math.isfinite(report["final_loss"])
-    assert main(["train", "dec-base", "--data", str(tmp_path / "nope.csv"), "--out-dir", out]) == 2
-    assert "nope.csv" in capsys.readouterr().err
+    args = ["train", "enc-mini", "--recipe", "classify", "--data", "x.csv", "--out-dir", out, "--steps", "400",
+            "--batch-size", "4", "--sequence-length", "64", "--precision", "float32", "--override", "num_layers=2"]
+    assert _zoo(args + ["--show"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["task"], shown["model"], shown["steps"], shown["warmup_steps"]) == ("classify", "enc-mini", 400, 40)
+    assert (shown["batch_size"], shown["precision"], shown["model_overrides"]) == (4, "float32", {"num_layers": 2})
+    with pytest.raises(FileNotFoundError, match="nope.csv"):
+        _zoo(["train", "dec-base", "--data", str(tmp_path / "nope.csv"), "--out-dir", out])
+    assert not os.path.exists(out)
