@@ -53,7 +53,14 @@ class _Intervals(keras.callbacks.Callback):
         self.recipe, self.out_dir, self.interval, self.result = recipe, out_dir, interval, result
         self.writer = tf.summary.create_file_writer(os.path.join(out_dir, "logs"))
         self.tokens_per_batch = recipe.batch_size * recipe.sequence_length
-        self.timed_batches, self.started = 0, None
+        self.timed_batches, self.started, self.excluded, self.paused = 0, None, 0.0, None
+
+    # Validation and checkpoint writing are not training: their time is excluded.
+    def on_test_begin(self, logs=None):
+        self.paused = time.perf_counter()
+
+    def on_test_end(self, logs=None):
+        self.excluded += time.perf_counter() - self.paused
 
     def on_train_batch_end(self, batch, logs=None):
         if self.started is None:  # the first batch includes tracing: time from its end
@@ -77,10 +84,12 @@ class _Intervals(keras.callbacks.Callback):
         self.writer.flush()
         every = self.recipe.checkpoint_every
         if step // every > (step - self.interval) // every or step == self.recipe.steps:
+            began = time.perf_counter()
             state.save(self.out_dir, step, self.model, opt, keep=self.recipe.keep_checkpoints)
+            self.excluded += time.perf_counter() - began
 
     def tokens_per_second(self):
-        elapsed = time.perf_counter() - self.started
+        elapsed = time.perf_counter() - self.started - self.excluded
         return self.timed_batches * self.tokens_per_batch / elapsed if elapsed > 0 else float("nan")
 
 
