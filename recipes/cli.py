@@ -6,6 +6,7 @@ itself never imports this package.
 
 import ast
 import json
+import math
 
 
 def _override(text):
@@ -61,5 +62,6 @@ def _train(args):
         label_column=args.label_column, data_dir=args.data_dir, validation_every=args.validation_every,
     )
     print(json.dumps({"model": args.model, "steps": result.step, "final_loss": (result.history or [{}])[-1].get("loss"),
-                      "tokens_per_second": round(result.tokens_per_second, 1), "peak_bytes": result.peak_bytes}))
+                      "tokens_per_second": None if math.isnan(result.tokens_per_second) else round(result.tokens_per_second, 1),
+                      "peak_bytes": result.peak_bytes}))
     return 0
