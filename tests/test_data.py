@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from _recipes_fixtures import recipes_vocab, tiny  # noqa: F401
+from tests._recipes_fixtures import recipes_vocab, tiny  # noqa: F401
 
 from recipes import data, vocab
 

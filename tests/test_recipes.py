@@ -9,7 +9,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from _recipes_fixtures import REPO, recipes_news, recipes_reuters, recipes_vocab, tiny  # noqa: F401
+from tests._recipes_fixtures import REPO, recipes_news, recipes_reuters, recipes_vocab, tiny  # noqa: F401
 
 import recipes
 import zoo

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import numpy as np
-from _recipes_fixtures import REPO, recipes_news, recipes_vocab, tiny  # noqa: F401
+from tests._recipes_fixtures import REPO, recipes_news, recipes_vocab, tiny  # noqa: F401
 from safetensors.numpy import load_file
 
 from recipes import state
