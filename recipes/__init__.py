@@ -1,0 +1,18 @@
+"""Training recipes for the zoo: one recipe per registered model, tf.data
+pipelines and a resumable runner.
+
+    import recipes
+    recipes.run("enc-base", "corpus.txt", "runs/enc-base", steps=1000)
+
+`zoo` never imports this package; this package builds its models through `zoo.get`.
+"""
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+from recipes.optim import WarmupDecay, optimizer, schedule  # noqa: E402
+from recipes.recipe import Recipe, get, names, register  # noqa: E402
+from recipes.runner import Result, build, run  # noqa: E402
+
+__all__ = ["Recipe", "Result", "WarmupDecay", "build", "get", "names", "optimizer", "register", "run", "schedule"]

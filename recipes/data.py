@@ -1,0 +1,249 @@
+"""tf.data pipelines for the three tasks, from local files or TensorFlow Datasets.
+
+Sources: a `.txt` file (one document per line), a `.csv`/`.tsv` file (a named text
+column, optionally a label column), a `.jsonl` file (a named field), or
+`tfds:NAME[/CONFIG][:SPLIT]` read with `tfds.load(..., data_dir=..., download=False)`
+so that nothing is fetched from a hub at run time.
+
+Tasks:
+  mlm       WordPiece, documents concatenated and cut into [CLS] chunk [SEP] rows of
+            exactly `sequence_length` (no padding), masked by keras-hub's
+            `MaskedLMMaskGenerator` (15%: 80% [MASK], 10% random, 10% kept).
+  clm       byte-level BPE, documents joined with <|endoftext|> and cut into rows of
+            `sequence_length + 1` tokens (no padding): inputs row[:-1], targets row[1:].
+  classify  WordPiece, [CLS] text [SEP] padded to `sequence_length`, labels by name.
+
+Order is deterministic (seeded shuffle, ordered maps), so `skip(n)` puts a resumed
+run at the same batch; the MLM masks are drawn by tf.text's stateful random ops
+and differ between runs.
+"""
+
+import csv
+import json
+import os
+
+import keras_hub
+import tensorflow as tf
+
+from recipes import vocab as vocab_lib
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+# ----------------------------------------------------------------------------- sources
+def _check_file(path):
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"Data file {path!r} does not exist; pass a .txt, .csv, .tsv or .jsonl file, "
+                                "or tfds:NAME[:SPLIT].")
+    if os.path.isdir(path):
+        raise ValueError(f"Data path {path!r} is a folder; pass a .txt, .csv, .tsv or .jsonl file.")
+
+
+def _columns_error(path, kind, column, available):
+    return ValueError(f"{kind} {column!r} is not in {path!r}; its columns are: {', '.join(available)}. "
+                      "Pass the right --text-column / --label-column.")
+
+
+def _delimited(path, column, label_column):
+    delimiter = "\t" if path.endswith((".tsv", ".tab")) else ","
+    with open(path, newline="", encoding="utf-8") as f:
+        header = next(csv.reader(f, delimiter=delimiter), [])
+    if not header:
+        raise ValueError(f"Data file {path!r} is empty: it has no header row and no text.")
+    column = column or ("text" if "text" in header else None)
+    for kind, name in (("Text column", column), ("Label column", label_column)):
+        if name is not None and name not in header:
+            raise _columns_error(path, kind, name, header)
+    if column is None:
+        raise ValueError(f"{path!r} has no 'text' column; name the text column (columns: {', '.join(header)}).")
+
+    def rows():
+        csv.field_size_limit(1 << 30)
+        with open(path, newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f, delimiter=delimiter):
+                yield (row[column] or "",) + ((row[label_column] or "",) if label_column else ())
+
+    return rows
+
+
+def _jsonl(path, column, label_column):
+    column = column or "text"
+    with open(path, encoding="utf-8") as f:
+        first = next((line for line in f if line.strip()), None)
+    if first is None:
+        raise ValueError(f"Data file {path!r} is empty: it holds no JSON lines.")
+    keys = list(json.loads(first))
+    for kind, name in (("Text field", column), ("Label field", label_column)):
+        if name is not None and name not in keys:
+            raise _columns_error(path, kind, name, keys)
+
+    def rows():
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    record = json.loads(line)
+                    yield (str(record[column]),) + ((str(record[label_column]),) if label_column else ())
+
+    return rows
+
+
+def _tfds(source, column, label_column, data_dir):
+    import tensorflow_datasets as tfds
+
+    name, _, split = source[len("tfds:"):].partition(":")
+    try:
+        ds = tfds.load(name, split=split or "train", data_dir=data_dir, download=False)
+    except Exception as error:  # tfds raises several types for "not prepared"
+        raise FileNotFoundError(f"TensorFlow Datasets could not load {name!r} from data_dir={data_dir!r} without "
+                                f"downloading ({type(error).__name__}: {error}); prepare it there first.") from None
+    column = column or "text"
+    for kind, key in (("Text feature", column), ("Label feature", label_column)):
+        if key is not None and key not in ds.element_spec:
+            raise _columns_error(source, kind, key, list(ds.element_spec))
+
+    def pick(example):
+        text = example[column]
+        if not label_column:
+            return text
+        label = example[label_column]
+        return text, label if label.dtype == tf.string else tf.strings.as_string(label)
+
+    return ds.map(pick)
+
+
+def documents(source, column=None, label_column=None, data_dir=None) -> tf.data.Dataset:
+    """Non-empty documents as a dataset of strings, or (text, label) string pairs
+    when `label_column` is given. Bad paths and columns fail here, before training."""
+    source = os.fspath(source)
+    if source.startswith("tfds:"):
+        ds = _tfds(source, column, label_column, data_dir)
+    else:
+        _check_file(source)
+        if source.endswith((".csv", ".tsv", ".tab")):
+            rows = _delimited(source, column, label_column)
+        elif source.endswith(".jsonl"):
+            rows = _jsonl(source, column, label_column)
+        elif label_column:
+            raise ValueError(f"{source!r} is plain text and has no labels; use a .csv/.tsv/.jsonl file to classify.")
+        else:
+            rows = None
+        if rows is None:
+            ds = tf.data.TextLineDataset(source)
+        else:
+            width = 2 if label_column else 1
+            spec = tuple(tf.TensorSpec((), tf.string) for _ in range(width))
+            ds = tf.data.Dataset.from_generator(rows, output_signature=spec)
+            ds = ds.map(lambda *row: row if label_column else row[0])
+    text_of = (lambda text, *_: text) if label_column else (lambda text: text)
+    ds = ds.filter(lambda *row: tf.strings.length(tf.strings.strip(text_of(*row))) > 0)
+    if not list(ds.take(1)):
+        raise ValueError(f"The corpus {source!r} holds no text (every document is empty); check the file and column.")
+    return ds
+
+
+def split(docs: tf.data.Dataset, every: int):
+    """(train, validation): every `every`-th document is held out (deterministic)."""
+    if not every:
+        return docs, None
+    indexed = docs.enumerate()
+    strip = lambda i, row: row  # noqa: E731
+    train = indexed.filter(lambda i, row: i % every != 0).map(strip)
+    valid = indexed.filter(lambda i, row: i % every == 0).map(strip)
+    return train, valid
+
+
+def labels_of(docs: tf.data.Dataset) -> list:
+    """The sorted label names of a (text, label) dataset: its classes, in a fixed order."""
+    return sorted({label.decode("utf-8") for _, label in docs.as_numpy_iterator()})
+
+
+# ----------------------------------------------------------------------------- tasks
+def _chunks(docs, tokenizer, length, separator=None):
+    """Tokenize, join documents (with `separator` between them) and cut into rows
+    of exactly `length` tokens; the tail shorter than a row is dropped."""
+    tokens = docs.batch(16).map(tokenizer, num_parallel_calls=AUTOTUNE)
+    if separator is not None:
+        tokens = tokens.map(lambda t: tf.concat([t, tf.fill([t.nrows(), 1], separator)], axis=1))
+    return tokens.map(lambda t: t.flat_values).unbatch().batch(length, drop_remainder=True)
+
+
+def _mlm_rows(docs, tokenizer, recipe, ids):
+    rows = _chunks(docs, tokenizer, recipe.sequence_length - 2)
+    cls, sep = tf.constant([ids["cls"]]), tf.constant([ids["sep"]])
+    return rows.map(lambda t: tf.concat([cls, t, sep], axis=0))
+
+
+def _clm_rows(docs, tokenizer, recipe, ids):
+    return _chunks(docs, tokenizer, recipe.sequence_length + 1, separator=ids["eos"])
+
+
+def _classify_rows(docs, tokenizer, recipe, ids, labels):
+    packer = keras_hub.layers.StartEndPacker(
+        sequence_length=recipe.sequence_length, start_value=ids["cls"], end_value=ids["sep"], pad_value=ids["pad"],
+    )
+    lookup = tf.keras.layers.StringLookup(vocabulary=labels, num_oov_indices=0) if labels else None
+    return docs.map(lambda text, label: (packer(tokenizer(text)), tf.cast(lookup(label), "int32")),
+                    num_parallel_calls=AUTOTUNE)
+
+
+def _mlm_batch(recipe, ids, vocabulary_size):
+    masker = keras_hub.layers.MaskedLMMaskGenerator(
+        vocabulary_size=vocabulary_size, mask_selection_rate=recipe.mask_rate, mask_token_id=ids["mask"],
+        mask_selection_length=recipe.max_predictions, unselectable_token_ids=[ids["pad"], ids["cls"], ids["sep"]],
+    )
+
+    def features(rows):
+        masked = masker(rows)
+        x = {
+            "token_ids": masked["token_ids"], "segment_ids": tf.zeros_like(rows),
+            "padding_mask": tf.ones_like(rows), "mask_positions": tf.cast(masked["mask_positions"], "int32"),
+        }
+        return x, tf.cast(masked["mask_ids"], "int32"), masked["mask_weights"]
+
+    return features
+
+
+def _clm_batch(rows):
+    x = {"token_ids": rows[:, :-1], "padding_mask": tf.ones_like(rows[:, :-1])}
+    return x, rows[:, 1:]
+
+
+def _classify_batch(ids):
+    def features(token_ids, label):
+        x = {"token_ids": token_ids, "segment_ids": tf.zeros_like(token_ids),
+             "padding_mask": tf.cast(token_ids != ids["pad"], "int32")}
+        return x, label
+
+    return features
+
+
+def rows(recipe, tokenizer, docs, labels=None) -> tf.data.Dataset:
+    """The task's unbatched examples (token rows, or (row, label) pairs)."""
+    ids = vocab_lib.special_ids(tokenizer)
+    if recipe.task == "mlm":
+        return _mlm_rows(docs, tokenizer, recipe, ids)
+    if recipe.task == "clm":
+        return _clm_rows(docs, tokenizer, recipe, ids)
+    return _classify_rows(docs, tokenizer, recipe, ids, labels)
+
+
+def pipeline(recipe, tokenizer, docs, labels=None, training=True, skip=0) -> tf.data.Dataset:
+    """Batches of (inputs, targets[, weights]) for `model.fit`.
+
+    training: cache, seeded shuffle, repeat forever and skip the first `skip`
+    micro-batches (a resumed run's position). Otherwise one pass, in order.
+    """
+    ids = vocab_lib.special_ids(tokenizer)
+    ds = rows(recipe, tokenizer, docs, labels).cache()
+    if training:
+        ds = ds.shuffle(recipe.shuffle_buffer, seed=recipe.seed, reshuffle_each_iteration=True).repeat()
+    ds = ds.batch(recipe.batch_size, drop_remainder=training)
+    if skip:
+        ds = ds.skip(skip)
+    if recipe.task == "mlm":
+        ds = ds.map(_mlm_batch(recipe, ids, tokenizer.vocabulary_size()), num_parallel_calls=AUTOTUNE)
+    elif recipe.task == "clm":
+        ds = ds.map(_clm_batch, num_parallel_calls=AUTOTUNE)
+    else:
+        ds = ds.map(_classify_batch(ids), num_parallel_calls=AUTOTUNE)
+    return ds.prefetch(AUTOTUNE)

@@ -1,0 +1,215 @@
+"""A `Recipe` is everything about training a model that is not its shape: the
+task, precision, optimizer, schedule, batch geometry and checkpointing.
+
+Recipes are frozen data, like `zoo.ModelSpec`, so a registered name always means
+the same training run; `recipe.replace(...)` derives a variant (tests shrink the
+model through `model_overrides`). Every registered model has one recipe under its
+own name, and `"classify"` fine-tunes any encoder for sequence classification.
+
+Where the defaults come from:
+
+* BERT pretraining (enc-*): Devlin et al. 2019, §3.1 and Appendix A.2, and
+  google-research/bert `run_pretraining.py` / `optimization.py`: Adam(W) with
+  lr 1e-4, β1 0.9, β2 0.999, ε 1e-6, weight decay 0.01 except LayerNorm and
+  biases, global-norm clipping 1.0, 10,000 warmup steps then linear decay to 0
+  over 1,000,000 steps, batch 256, 15% masking (80% [MASK] / 10% random / 10%
+  kept), at most 20 predictions per 128-token sequence. BERT spent 90% of its
+  steps at length 128 and the rest at 512; a recipe has one length, 128.
+  enc-mini follows the same recipe (Turc et al. 2019 pretrained the BERT
+  miniatures with it); enc-1b follows BERT-large's.
+* Llama-family pretraining: dec-1b is TinyLlama (Zhang et al. 2024, §2.3):
+  AdamW β1 0.9, β2 0.95, weight decay 0.1, clipping 1.0, 2,000 warmup steps,
+  cosine decay from 4e-4 to 4e-5, 2M-token batches (1024 x 2048),
+  ~1.43M steps for 3T tokens. dec-base / dec-large are SmolLM2-135M / -360M
+  (Allal et al. 2025): AdamW β1 0.9, β2 0.95, weight decay 0.1, clipping 1.0,
+  2,000 warmup steps, ~1M-token batches of 2048-token sequences, peak lr 3e-3
+  (our reading of the published SmolLM configs; not re-checked offline). SmolLM2
+  used a warmup-stable-decay schedule; a recipe here has linear or cosine decay
+  only, so these decay linearly to 10%: the one deliberate difference.
+* Fine-tuning ("classify"): Devlin et al. 2019, Appendix A.3 (the GLUE recipe,
+  also Hugging Face `run_glue.py`'s defaults): lr 2e-5, batch 32, length 128,
+  3 epochs (~1,000 steps of a 10k-example set), 10% linear warmup then linear
+  decay, weight decay 0.01, ε 1e-6.
+
+Batch sizes here are per optimizer step: `batch_size` sequences per micro-batch,
+`accumulation_steps` micro-batches per update. The references' batches do not fit
+a single small machine; the registered recipes keep their token count per update
+where it is small enough and say otherwise in `notes`.
+
+Precision defaults to `mixed_bfloat16` (the references trained in float32 or bf16
+on TPUs/GPUs; on this stack it was the fastest policy measured, DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+import zoo
+
+TASKS = ("mlm", "clm", "classify")
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+DECAYS = ("linear", "cosine")
+MODEL_TASK = {"mlm": "masked_lm", "clm": "causal_lm", "classify": "classifier"}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One training run's choices; see the module docstring for the sources."""
+
+    task: str
+    model: str
+    model_overrides: dict = field(default_factory=dict)
+    precision: str = "mixed_bfloat16"
+    checkpointing: str = "none"  # activation recomputation policy (zoo.checkpointing)
+    # AdamW
+    learning_rate: float = 1e-4
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-6
+    weight_decay: float = 0.01  # never applied to norms and biases
+    clipnorm: Optional[float] = 1.0  # global gradient norm, as BERT / TinyLlama / HF Trainer clip
+    # schedule: linear warmup from 0, then `decay` down to min_lr_ratio * learning_rate
+    warmup_steps: int = 10_000
+    steps: int = 1_000_000
+    decay: str = "linear"
+    min_lr_ratio: float = 0.0
+    # batches
+    batch_size: int = 32
+    sequence_length: int = 128
+    accumulation_steps: int = 1
+    # data
+    mask_rate: float = 0.15  # mlm only
+    max_predictions: int = 20  # mlm only: masked positions per sequence
+    vocabulary: Optional[str] = None  # tokenizer files; None: train one from the corpus
+    lowercase: bool = True  # WordPiece (BERT uncased)
+    shuffle_buffer: int = 10_000
+    seed: int = 0
+    # logging and checkpoints (in optimizer steps)
+    log_every: int = 100
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 2
+    notes: str = ""
+
+    def __post_init__(self):
+        def check(ok, message):
+            if not ok:
+                raise ValueError(message)
+
+        check(self.task in TASKS, f"Unknown task {self.task!r}; known tasks: {', '.join(TASKS)}.")
+        check(self.precision in PRECISIONS, f"Unknown precision {self.precision!r}; known: {', '.join(PRECISIONS)}.")
+        check(self.decay in DECAYS, f"Unknown decay {self.decay!r}; known: {', '.join(DECAYS)}.")
+        check(self.checkpointing in zoo.POLICIES,
+              f"Unknown checkpointing policy {self.checkpointing!r}; known: {', '.join(zoo.POLICIES)}.")
+        for name in ("steps", "batch_size", "sequence_length", "accumulation_steps", "log_every",
+                     "checkpoint_every", "keep_checkpoints", "shuffle_buffer"):
+            check(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}.")
+        check(0 <= self.warmup_steps <= self.steps,
+              f"warmup_steps={self.warmup_steps} must be between 0 and steps={self.steps}.")
+        check(self.learning_rate > 0, f"learning_rate must be positive, got {self.learning_rate}.")
+        check(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}.")
+        check(self.clipnorm is None or self.clipnorm > 0, f"clipnorm must be positive or None, got {self.clipnorm}.")
+        check(0.0 < self.mask_rate < 1.0, f"mask_rate must be in (0, 1), got {self.mask_rate}.")
+        family = zoo.spec(self.model).family  # raises for an unknown model
+        want = "llama" if self.task == "clm" else "bert"
+        check(family == want, f"Task {self.task!r} needs a {want} model; {self.model!r} is a {family} model.")
+
+    # -------------------------------------------------------------------------
+    @property
+    def model_task(self) -> str:
+        return MODEL_TASK[self.task]
+
+    @property
+    def spec(self) -> zoo.ModelSpec:
+        """The model's spec after `model_overrides` (num_classes is a task argument)."""
+        overrides = {k: v for k, v in self.model_overrides.items() if k != "num_classes"}
+        return zoo.spec(self.model).replace(**overrides)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.accumulation_steps * self.sequence_length
+
+    def replace(self, **changes) -> "Recipe":
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ValueError(f"Unknown recipe field(s) {unknown}; valid fields: {', '.join(sorted(known))}.")
+        return dataclasses.replace(self, **changes)
+
+    def with_steps(self, steps: int) -> "Recipe":
+        """The same schedule shape over `steps` updates: warmup keeps its fraction of the run."""
+        warmup = round(self.warmup_steps * steps / self.steps)
+        return self.replace(steps=steps, warmup_steps=min(warmup, steps))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_RECIPES: dict[str, Recipe] = {}
+
+
+def register(name: str, recipe: Recipe, overwrite: bool = False) -> Recipe:
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"register() takes a Recipe, got {type(recipe).__name__}.")
+    if name in _RECIPES and not overwrite:
+        raise ValueError(f"A recipe named {name!r} is already registered; pass overwrite=True to replace it.")
+    _RECIPES[name] = recipe
+    return recipe
+
+
+def names() -> list[str]:
+    return sorted(_RECIPES)
+
+
+def get(name: str, **changes) -> Recipe:
+    """The recipe registered as `name`; a model registered later with `zoo.register`
+    gets its family's pretraining recipe. `changes` replace recipe fields."""
+    if isinstance(name, Recipe):
+        recipe = name
+    elif name in _RECIPES:
+        recipe = _RECIPES[name]
+    elif name in zoo.names():
+        family_default = "dec-base" if zoo.spec(name).is_decoder else "enc-base"
+        recipe = _RECIPES[family_default].replace(model=name)
+    else:
+        raise ValueError(f"Unknown recipe {name!r}; known recipes: {', '.join(names())} (or any zoo model name).")
+    return recipe.replace(**changes) if changes else recipe
+
+
+def _bert(model, **kw):
+    return Recipe(
+        task="mlm", model=model, learning_rate=1e-4, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
+        weight_decay=0.01, clipnorm=1.0, warmup_steps=10_000, steps=1_000_000, decay="linear",
+        batch_size=32, accumulation_steps=8, sequence_length=128, mask_rate=0.15, max_predictions=20,
+        notes="BERT pretraining (Devlin et al. 2019): batch 256 as 32 x 8 accumulated micro-batches.", **kw,
+    )
+
+
+def _llama(model, learning_rate, min_lr_ratio, decay, steps, notes, **kw):
+    return Recipe(
+        task="clm", model=model, learning_rate=learning_rate, beta_1=0.9, beta_2=0.95, epsilon=1e-8,
+        weight_decay=0.1, clipnorm=1.0, warmup_steps=2000, steps=steps, decay=decay,
+        min_lr_ratio=min_lr_ratio, batch_size=8, accumulation_steps=64, sequence_length=2048,
+        lowercase=False, notes=notes, **kw,
+    )
+
+
+register("enc-mini", _bert("enc-mini"))
+register("enc-base", _bert("enc-base"))
+register("enc-large", _bert("enc-large", checkpointing="selective"))
+register("enc-1b", _bert("enc-1b", checkpointing="full"))
+register("dec-base", _llama("dec-base", 3e-3, 0.1, "linear", 600_000,
+                            "SmolLM2-135M: 1M-token batches as 8 x 2048 x 64 accumulated; WSD approximated by linear."))
+register("dec-large", _llama("dec-large", 3e-3, 0.1, "linear", 600_000,
+                             "SmolLM2-360M: 1M-token batches as 8 x 2048 x 64 accumulated; WSD approximated by linear.",
+                             checkpointing="selective"))
+register("dec-1b", _llama("dec-1b", 4e-4, 0.1, "cosine", 1_430_000,
+                          "TinyLlama-1.1B: cosine 4e-4 -> 4e-5; 2M-token batches need 8 x 2048 x 128, here 64.",
+                          checkpointing="full"))
+register("classify", Recipe(
+    task="classify", model="enc-base", learning_rate=2e-5, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
+    weight_decay=0.01, clipnorm=1.0, warmup_steps=100, steps=1000, decay="linear", batch_size=32,
+    sequence_length=128, log_every=50, checkpoint_every=200,
+    notes="BERT GLUE fine-tuning (Devlin et al. 2019, A.3); any encoder: recipes.get('classify', model=...).",
+))

@@ -1,0 +1,219 @@
+"""`recipes.run`: train a registered model with its recipe, resumably.
+
+Everything that can be wrong with the input (file, columns, empty corpus, length,
+an out_dir of another run) is checked before `out_dir` is touched. The run is one
+`model.fit` over intervals of `log_every` steps (Keras "epochs"): each interval
+ends with its mean loss (and validation loss), a TensorBoard summary at the true
+step, and, every `checkpoint_every` steps, an atomic checkpoint of weights and
+optimizer state. Started again on the same out_dir, a run restores the last
+checkpoint and skips the batches already consumed, so it continues at the same
+step, schedule position and data position.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import keras
+import tensorflow as tf
+
+import zoo
+from recipes import data as data_lib
+from recipes import optim, state
+from recipes import vocab as vocab_lib
+from recipes.recipe import Recipe, get
+
+MODEL_FILE = "model.keras"
+TOKENIZER_DIR = "tokenizer"
+
+
+@dataclass
+class Result:
+    out_dir: str
+    start_step: int
+    step: int
+    history: list = field(default_factory=list)  # [{"step", "loss", "val_loss"?, "lr"}] per interval
+    tokens_per_second: float = float("nan")
+    peak_bytes: int = 0  # TF allocator peak on the training device
+    max_rss_bytes: int = 0
+    model: keras.Model | None = None
+
+
+class _Intervals(keras.callbacks.Callback):
+    """Per-interval bookkeeping: history, TensorBoard scalars, checkpoints, throughput."""
+
+    def __init__(self, recipe, out_dir, interval, result):
+        super().__init__()
+        self.recipe, self.out_dir, self.interval, self.result = recipe, out_dir, interval, result
+        self.writer = tf.summary.create_file_writer(os.path.join(out_dir, "logs"))
+        self.tokens_per_batch = recipe.batch_size * recipe.sequence_length
+        self.timed_batches, self.started, self.excluded, self.paused = 0, None, 0.0, None
+
+    # Validation and checkpoint writing are not training: their time is excluded.
+    def on_test_begin(self, logs=None):
+        self.paused = time.perf_counter()
+
+    def on_test_end(self, logs=None):
+        self.excluded += time.perf_counter() - self.paused
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.started is None:  # the first batch includes tracing: time from its end
+            self.started = time.perf_counter()
+        else:
+            self.timed_batches += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        step = (epoch + 1) * self.interval
+        opt = self.model.optimizer
+        lr = float(opt.learning_rate)
+        row = {"step": step, "lr": lr, **{k: float(v) for k, v in (logs or {}).items() if k.endswith("loss")}}
+        self.result.history.append(row)
+        self.result.step = step
+        with self.writer.as_default(step=step):
+            for key, value in row.items():
+                if key != "step":
+                    tf.summary.scalar(key, value)
+            if self.started is not None and self.timed_batches:
+                tf.summary.scalar("tokens_per_second", self.tokens_per_second())
+        self.writer.flush()
+        every = self.recipe.checkpoint_every
+        if step // every > (step - self.interval) // every or step == self.recipe.steps:
+            began = time.perf_counter()
+            state.save(self.out_dir, step, self.model, opt, keep=self.recipe.keep_checkpoints)
+            self.excluded += time.perf_counter() - began
+
+    def tokens_per_second(self):
+        elapsed = time.perf_counter() - self.started - self.excluded
+        return self.timed_batches * self.tokens_per_batch / elapsed if elapsed > 0 else float("nan")
+
+
+def _device():
+    return "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+
+
+def _check_lengths(recipe):
+    spec = recipe.spec
+    if recipe.sequence_length > spec.max_sequence_length:
+        raise ValueError(
+            f"sequence_length={recipe.sequence_length} is above {recipe.model!r}'s limit of "
+            f"{spec.max_sequence_length} positions; lower --sequence-length to at most {spec.max_sequence_length}."
+        )
+    if recipe.task == "mlm" and recipe.max_predictions > recipe.sequence_length - 2:
+        raise ValueError(f"max_predictions={recipe.max_predictions} exceeds the {recipe.sequence_length - 2} "
+                         "maskable positions of a row; lower max_predictions.")
+
+
+def _tokenizer(recipe, out_dir, train_docs, scratch):
+    """(tokenizer, its files): the one already in out_dir (resume), the recipe's
+    vocabulary files, or one trained on the corpus (written to `scratch`)."""
+    family = recipe.spec.family
+    saved = os.path.join(out_dir, TOKENIZER_DIR)
+    if vocab_lib.files_in(saved, family):
+        return vocab_lib.load(saved, family, recipe.lowercase), saved
+    if recipe.vocabulary:
+        return vocab_lib.load(recipe.vocabulary, family, recipe.lowercase), recipe.vocabulary
+    print(f"Training a {'WordPiece' if family == 'bert' else 'byte-level BPE'} vocabulary of "
+          f"{recipe.spec.vocab_size} tokens on the corpus...")
+    texts = train_docs.map(lambda text, label: text) if recipe.task == "classify" else train_docs
+    return vocab_lib.train(texts, family, recipe.spec.vocab_size, scratch, recipe.lowercase), scratch
+
+
+def build(recipe, num_classes=None):
+    """The recipe's model, compiled with its optimizer and loss (float32 logits;
+    `mixed_float16` gets Keras' dynamic loss scaling from compile)."""
+    overrides = dict(recipe.model_overrides)
+    if recipe.task == "classify":
+        overrides["num_classes"] = num_classes or overrides.get("num_classes", 2)
+    model = zoo.get(recipe.model, checkpointing=recipe.checkpointing, dtype=recipe.precision,
+                    task=recipe.model_task, **overrides)
+    model.compile(
+        optimizer=optim.optimizer(recipe, model),
+        loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
+        jit_compile=False,  # XLA was slower and larger on CPU (DESIGN.md)
+    )
+    return model
+
+
+def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_dir=None,
+        validation_every=0, validation_batches=8, callbacks=(), verbose="auto") -> Result:
+    """Train `recipe` (a Recipe or a registered name) on `data` into `out_dir`.
+
+    steps: optimizer updates (default: the recipe's); the schedule is stretched to
+      fit with its warmup fraction kept (`Recipe.with_steps`).
+    data: a .txt/.csv/.tsv/.jsonl path or tfds:NAME[:SPLIT] (see recipes.data).
+    validation_every: hold out every n-th document and report validation loss per
+      interval (at most `validation_batches` batches); 0 = no validation.
+    """
+    recipe = get(recipe) if not isinstance(recipe, Recipe) else recipe
+    if steps is not None and steps != recipe.steps:
+        recipe = recipe.with_steps(steps)
+    if recipe.task == "classify" and label_column is None:
+        raise ValueError("The classify recipe needs labels: pass label_column (--label-column).")
+    _check_lengths(recipe)
+    docs = data_lib.documents(data, column, label_column if recipe.task == "classify" else None, data_dir)
+    train_docs, valid_docs = data_lib.split(docs, validation_every)
+    labels = data_lib.labels_of(train_docs) if recipe.task == "classify" else None
+    if labels is not None and len(labels) < 2:
+        raise ValueError(f"Column {label_column!r} holds {len(labels)} distinct label(s); classification needs >= 2.")
+    meta = {"model": recipe.model, "task": recipe.task, "spec": recipe.spec.to_dict(),
+            "recipe": recipe.to_dict(), "labels": labels}
+    state.check_compatible(out_dir, meta)
+
+    scratch = tempfile.mkdtemp(prefix="recipes-vocab-")
+    try:
+        tokenizer, source = _tokenizer(recipe, out_dir, train_docs, scratch)
+        if tokenizer.vocabulary_size() > recipe.spec.vocab_size:
+            raise ValueError(f"The tokenizer has {tokenizer.vocabulary_size()} tokens but {recipe.model!r} embeds "
+                             f"only {recipe.spec.vocab_size}; use a smaller vocabulary or override vocab_size.")
+        vocab_lib.special_ids(tokenizer)
+        # All checks passed: from here on out_dir is written.
+        os.makedirs(out_dir, exist_ok=True)
+        if source != os.path.join(out_dir, TOKENIZER_DIR):
+            vocab_lib.copy(source, recipe.spec.family, os.path.join(out_dir, TOKENIZER_DIR))
+        state.write_json_atomic(os.path.join(out_dir, state.RUN_FILE), meta)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    keras.utils.set_random_seed(recipe.seed)
+    model = build(recipe, len(labels) if labels else None)
+    model.optimizer.build(model.trainable_variables)
+    start = 0
+    found = state.checkpoints(out_dir)
+    if found:
+        start = state.restore(found[-1][1], model, model.optimizer)
+        print(f"Resuming {recipe.model} from step {start} ({found[-1][1]}).")
+
+    interval = math.gcd(min(recipe.log_every, recipe.steps), recipe.steps)
+    k = recipe.accumulation_steps
+    result = Result(out_dir=out_dir, start_step=start, step=start, model=model)
+    train = data_lib.pipeline(recipe, tokenizer, train_docs, labels, training=True, skip=start * k)
+    valid = None
+    if valid_docs is not None:
+        valid = data_lib.pipeline(recipe, tokenizer, valid_docs, labels, training=False).take(validation_batches)
+    tracker = _Intervals(recipe, out_dir, interval, result)
+    device = _device()
+    tf.config.experimental.reset_memory_stats(device)
+    if start < recipe.steps:
+        model.fit(
+            train, epochs=recipe.steps // interval, initial_epoch=start // interval, steps_per_epoch=interval * k,
+            validation_data=valid, callbacks=[tracker, *callbacks], verbose=verbose,
+        )
+        if tracker.started is not None:
+            result.tokens_per_second = tracker.tokens_per_second()
+    result.peak_bytes = tf.config.experimental.get_memory_info(device)["peak"]
+    result.max_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    final = os.path.join(out_dir, MODEL_FILE)
+    tmp = os.path.join(out_dir, f"model.tmp-{os.getpid()}.keras")
+    model.save(tmp)
+    os.replace(tmp, final)
+    print(f"{recipe.model}: steps {start} -> {result.step}; {result.tokens_per_second:,.0f} tokens/s; "
+          f"peak memory {result.peak_bytes / 2**20:,.0f} MiB (allocator), {result.max_rss_bytes / 2**20:,.0f} MiB RSS; "
+          f"model saved to {final}")
+    return result

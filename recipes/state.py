@@ -1,0 +1,119 @@
+"""A run's state on disk: what it trains (run.json) and its checkpoints.
+
+    out_dir/run.json                    model, spec, task, recipe, labels
+    out_dir/checkpoints/step-000100/    model.safetensors  (every model variable,
+                                        dropout seed states included)
+                                        optimizer.safetensors (moments, step counter,
+                                        accumulators, loss scale)
+                                        state.json         (step, variable paths)
+
+Everything is written into a temporary sibling and renamed into place, so a run
+killed at any instant leaves either the old checkpoint or the new one, never half
+of one. Weights are safetensors (never pickles).
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+RUN_FILE = "run.json"
+CHECKPOINTS = "checkpoints"
+
+
+def write_json_atomic(path, payload):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_run(out_dir):
+    path = os.path.join(out_dir, RUN_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def check_compatible(out_dir, meta):
+    """Refuse an out_dir that holds another model's (or another recipe's) run."""
+    old = read_run(out_dir)
+    if old is None:
+        if os.path.isdir(os.path.join(out_dir, CHECKPOINTS)):
+            raise ValueError(f"out_dir {out_dir!r} holds checkpoints but no {RUN_FILE}; it is not a recipes run. "
+                             "Pass an empty or new --out-dir.")
+        return
+    if old["spec"] != meta["spec"] or old["task"] != meta["task"]:
+        raise ValueError(
+            f"out_dir {out_dir!r} holds a checkpoint of another model ({old['model']!r}, task {old['task']!r}, "
+            f"{old['spec']['num_layers']} layers x {old['spec']['hidden_dim']}), not of {meta['model']!r} "
+            f"(task {meta['task']!r}, {meta['spec']['num_layers']} layers x {meta['spec']['hidden_dim']}). "
+            "Pass a new --out-dir to start a fresh run; nothing was changed."
+        )
+    changed = sorted(k for k in set(old["recipe"]) | set(meta["recipe"]) if old["recipe"].get(k) != meta["recipe"].get(k))
+    if changed:
+        raise ValueError(
+            f"out_dir {out_dir!r} holds a run of the same model with a different recipe (fields {changed} differ); "
+            "resuming would mix two schedules. Use the same recipe and steps, or a new --out-dir."
+        )
+
+
+def checkpoints(out_dir):
+    """[(step, folder)] of complete checkpoints, oldest first."""
+    root = os.path.join(out_dir, CHECKPOINTS)
+    if not os.path.isdir(root):
+        return []
+    found = [(int(n.split("-")[1]), os.path.join(root, n)) for n in os.listdir(root)
+             if n.startswith("step-") and "." not in n]
+    return sorted(found)
+
+
+def _arrays(variables):
+    return {f"{i:05d}": np.asarray(v.value) for i, v in enumerate(variables)}
+
+
+def save(out_dir, step, model, optimizer, keep=2):
+    root = os.path.join(out_dir, CHECKPOINTS)
+    final = os.path.join(root, f"step-{step:09d}")
+    tmp = f"{final}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    save_file(_arrays(model.variables), os.path.join(tmp, "model.safetensors"))
+    save_file(_arrays(optimizer.variables), os.path.join(tmp, "optimizer.safetensors"))
+    write_json_atomic(os.path.join(tmp, "state.json"), {
+        "step": step, "model_variables": [v.path for v in model.variables],
+        "optimizer_variables": [v.path for v in optimizer.variables],
+    })
+    if os.path.isdir(final):  # the same step saved again (a resumed run): swap atomically
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for _, old in checkpoints(out_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _assign(variables, arrays, names, what, folder):
+    if len(arrays) != len(variables):
+        raise ValueError(f"Checkpoint {folder!r} holds {len(arrays)} {what} variables, the run has {len(variables)}: "
+                         "it was written by a different model or optimizer setup.")
+    for i, v in enumerate(variables):
+        value = arrays[f"{i:05d}"]
+        if tuple(value.shape) != tuple(v.shape):
+            raise ValueError(f"Checkpoint {folder!r}: {what} variable {names[i]!r} has shape {value.shape}, "
+                             f"the run's {v.path!r} has {tuple(v.shape)}.")
+        v.assign(value)
+
+
+def restore(folder, model, optimizer) -> int:
+    with open(os.path.join(folder, "state.json"), encoding="utf-8") as f:
+        state = json.load(f)
+    _assign(model.variables, load_file(os.path.join(folder, "model.safetensors")),
+            state["model_variables"], "model", folder)
+    _assign(optimizer.variables, load_file(os.path.join(folder, "optimizer.safetensors")),
+            state["optimizer_variables"], "optimizer", folder)
+    return state["step"]
