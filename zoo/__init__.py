@@ -6,7 +6,6 @@
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's INFO lines only; warnings and errors stay
 
 from zoo.checkpointing import POLICIES  # noqa: E402
 from zoo.registry import ModelSpec, names, register, spec  # noqa: E402
