@@ -7,7 +7,6 @@ sets `func` to a callable taking the parsed args and returning an exit code.
 
 import argparse
 import json
-import os
 import sys
 from importlib.metadata import entry_points
 
@@ -51,7 +50,6 @@ def build_parser():
 
 
 def main(argv=None):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter is not the user's business
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
