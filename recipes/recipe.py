@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import zoo
+from zoo.registry import Registry
 
 TASKS = ("mlm", "clm", "classify")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -146,20 +147,8 @@ class Recipe:
         return dataclasses.asdict(self)
 
 
-_RECIPES: dict[str, Recipe] = {}
-
-
-def register(name: str, recipe: Recipe, overwrite: bool = False) -> Recipe:
-    if not isinstance(recipe, Recipe):
-        raise TypeError(f"register() takes a Recipe, got {type(recipe).__name__}.")
-    if name in _RECIPES and not overwrite:
-        raise ValueError(f"A recipe named {name!r} is already registered; pass overwrite=True to replace it.")
-    _RECIPES[name] = recipe
-    return recipe
-
-
-def names() -> list[str]:
-    return sorted(_RECIPES)
+_RECIPES = Registry("recipe", Recipe)
+register, names = _RECIPES.register, _RECIPES.names
 
 
 def get(name: str, **changes) -> Recipe:
@@ -167,13 +156,11 @@ def get(name: str, **changes) -> Recipe:
     gets its family's pretraining recipe. `changes` replace recipe fields."""
     if isinstance(name, Recipe):
         recipe = name
-    elif name in _RECIPES:
-        recipe = _RECIPES[name]
-    elif name in zoo.names():
+    elif name not in _RECIPES and name in zoo.names():
         family_default = "dec-base" if zoo.spec(name).is_decoder else "enc-base"
-        recipe = _RECIPES[family_default].replace(model=name)
+        recipe = _RECIPES.get(family_default).replace(model=name)
     else:
-        raise ValueError(f"Unknown recipe {name!r}; known recipes: {', '.join(names())} (or any zoo model name).")
+        recipe = _RECIPES.get(name, hint=" (or any zoo model name)")
     return recipe.replace(**changes) if changes else recipe
 
 

@@ -116,29 +116,40 @@ class ModelSpec:
         return backbone + heads[task]
 
 
-_REGISTRY: dict[str, ModelSpec] = {}
+class Registry:
+    """Names for frozen items (model specs here, training recipes in `recipes`),
+    refusing a silent overwrite and listing the known names on a miss."""
+
+    def __init__(self, kind: str, item_type: type):
+        self.kind, self.item_type, self._items = kind, item_type, {}
+
+    def register(self, name: str, item, overwrite: bool = False):
+        if not isinstance(item, self.item_type):
+            raise TypeError(f"register() takes a {self.item_type.__name__}, got {type(item).__name__}.")
+        if name in self._items and not overwrite:
+            raise ValueError(f"A {self.kind} named {name!r} is already registered; pass overwrite=True to replace it.")
+        self._items[name] = item
+        return item
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name) -> bool:
+        return name in self._items
+
+    def get(self, name: str, hint: str = ""):
+        if name not in self._items:
+            raise ValueError(f"Unknown {self.kind} {name!r}; known {self.kind}s: {', '.join(self.names())}{hint}.")
+        return self._items[name]
 
 
-def register(name: str, spec: ModelSpec, overwrite: bool = False) -> ModelSpec:
-    if not isinstance(spec, ModelSpec):
-        raise TypeError(f"register() takes a ModelSpec, got {type(spec).__name__}.")
-    if name in _REGISTRY and not overwrite:
-        raise ValueError(f"A model named {name!r} is already registered; pass overwrite=True to replace it.")
-    _REGISTRY[name] = spec
-    return spec
+_MODELS = Registry("model", ModelSpec)
+register, names = _MODELS.register, _MODELS.names
 
 
-def names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def spec(name: str) -> ModelSpec:
-    if isinstance(name, ModelSpec):
-        return name
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"Unknown model {name!r}; known models: {', '.join(names())}.") from None
+def spec(name) -> ModelSpec:
+    """The registered spec called `name` (a ModelSpec passes through)."""
+    return name if isinstance(name, ModelSpec) else _MODELS.get(name)
 
 
 def _bert(num_layers, hidden, heads, ffn, description, **kw):
