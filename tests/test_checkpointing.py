@@ -156,7 +156,7 @@ def test_policy_switch_retraces_compiled_training():
 def test_recomputation_lowers_step_memory(name):
     """Allocator peak of one forward+backward at a sequence long enough for the
     attention scores to dominate: full and selective must each keep less."""
-    overrides = dict(FAMILIES[name], num_layers=4, max_sequence_length=512)
+    overrides = dict(FAMILIES[name], num_layers=8, max_sequence_length=512)  # full keeps one block, none all 8
     rng = np.random.default_rng(0)
     x = {"token_ids": rng.integers(0, TINY["vocab_size"], (4, 512)).astype("int32"),
          "padding_mask": np.ones((4, 512), "int32")}
