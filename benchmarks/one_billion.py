@@ -100,6 +100,7 @@ def main():
     p.add_argument("--policies", default="full,none")
     p.add_argument("--precision", default="mixed_bfloat16")
     p.add_argument("--sequence-length", type=int, default=512)
+    p.add_argument("--start-batch", type=int, default=1, help="first batch of the doubling search")
     p.add_argument("--max-batch", type=int, default=8, help="stop the search here (each step is minutes on 2 cores)")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--margin-gib", type=float, default=1.0, help="memory left free for the system")
@@ -123,7 +124,7 @@ def main():
         for policy in a.policies.split(","):
             overhead = None  # runtime memory beyond the analytical estimate, measured at the first batch
             largest = 0
-            batch = 1
+            batch = a.start_batch
             while batch <= a.max_batch:
                 est = memory.estimate(model, batch, seq, a.precision, policy).total
                 predicted = est + (overhead or 0)
@@ -144,11 +145,17 @@ def main():
                 if not ok:
                     break
                 largest = batch
-                if overhead is None:
+                if overhead is None:  # what the estimate leaves out: TF runtime, Python, allocator slack
                     overhead = max(0, int(row["guard_rss_gib"] * GiB) - est)
                 batch *= 2
-            rows.append({"model": model, "policy": policy, "largest_batch": largest,
-                         "search_capped": batch > a.max_batch and largest == a.max_batch})
+            # Beyond the search cap, the estimate (with the overhead measured at batch 1) says how far it goes.
+            estimated = memory.largest_batch(model, seq, budget - (overhead or 0), precision=a.precision,
+                                             checkpointing=policy)
+            summary = {"model": model, "policy": policy, "largest_batch_run": largest,
+                       "search_capped": largest == a.max_batch, "largest_batch_estimated": estimated}
+            rows.append(summary)
+            print(f"{model:7s} {policy:6s} largest batch run: {largest}"
+                  f"{' (search capped)' if summary['search_capped'] else ''}; estimated to fit: {estimated}", flush=True)
     print(json.dumps({"benchmark": "one_billion", "budget_gib": budget / GiB, "results": rows}))
 
 
