@@ -19,6 +19,8 @@ import shutil
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from zoo.files import atomic_path
+
 RUN_FILE = "run.json"
 CHECKPOINTS = "checkpoints"
 
@@ -80,18 +82,15 @@ def _arrays(variables):
 def save(out_dir, step, model, optimizer, keep=2):
     root = os.path.join(out_dir, CHECKPOINTS)
     final = os.path.join(root, f"step-{step:09d}")
-    tmp = f"{final}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    save_file(_arrays(model.variables), os.path.join(tmp, "model.safetensors"))
-    save_file(_arrays(optimizer.variables), os.path.join(tmp, "optimizer.safetensors"))
-    write_json_atomic(os.path.join(tmp, "state.json"), {
-        "step": step, "model_variables": [v.path for v in model.variables],
-        "optimizer_variables": [v.path for v in optimizer.variables],
-    })
-    if os.path.isdir(final):  # the same step saved again (a resumed run): swap atomically
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    # The same step saved again (a resumed run) replaces the earlier copy only once the new one is whole.
+    with atomic_path(final, overwrite=True) as tmp:
+        tmp.mkdir(parents=True)
+        save_file(_arrays(model.variables), os.path.join(tmp, "model.safetensors"))
+        save_file(_arrays(optimizer.variables), os.path.join(tmp, "optimizer.safetensors"))
+        write_json_atomic(os.path.join(tmp, "state.json"), {
+            "step": step, "model_variables": [v.path for v in model.variables],
+            "optimizer_variables": [v.path for v in optimizer.variables],
+        })
     for _, old in checkpoints(out_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final

@@ -18,10 +18,6 @@ Files are written to a temporary sibling and renamed into place, so a failed
 export leaves nothing at `path` and an earlier export there survives.
 """
 
-import contextlib
-import os
-import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +25,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 from keras import ops
+
+from zoo.files import atomic_path, check_target
 
 FORMATS = ("saved_model", "tflite")
 QUANTIZATIONS = ("float16", "int8")
@@ -142,39 +140,6 @@ def text_packer(model, tokenizer, sequence_length):
 
 
 # Atomic writes ----------------------------------------------------------------
-def _check_target(path, overwrite):
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it.")
-    return path
-
-
-@contextlib.contextmanager
-def atomic_path(path, overwrite=False):
-    """Yield a temporary sibling of `path` to write into; move it to `path` only on success."""
-    path = _check_target(path, overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tag = uuid.uuid4().hex[:8]
-    tmp = path.with_name(f".{path.name}.tmp-{tag}{path.suffix}")
-    old = path.with_name(f".{path.name}.old-{tag}")
-    try:
-        yield tmp
-        if path.exists():
-            os.replace(path, old)  # keep the earlier export until the new one is in place
-        try:
-            os.replace(tmp, path)
-        except OSError:
-            if old.exists():
-                os.replace(old, path)
-            raise
-    finally:
-        for leftover in (tmp, old):
-            if leftover.is_dir():
-                shutil.rmtree(leftover, ignore_errors=True)
-            elif leftover.exists():
-                leftover.unlink()
-
-
 # SavedModel -------------------------------------------------------------------
 def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=False) -> Path:
     """Write `model`'s inference graph as a SavedModel for TF Serving.
@@ -186,7 +151,7 @@ def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=Fal
     """
     serving = serving_model(model)
     length = _exported_length(model, sequence_length)
-    _check_target(path, overwrite)
+    check_target(path, overwrite)
     pack = text_packer(model, tokenizer, length) if tokenizer is not None else None
     # Not archive.track(serving): add_endpoint saves the variables the endpoints use, and
     # tracking the model as well stores every weight twice (Keras 3.15's model.export does).
@@ -313,7 +278,7 @@ def tflite(model, path, quantize=None, batch_size=1, sequence_length=128, overwr
         raise ValueError(f"A TFLite file name must end in .tflite, got {str(path)!r}.")
     serving = serving_model(model)
     length = _exported_length(model, min(sequence_length, model.spec.max_sequence_length))
-    _check_target(path, overwrite)
+    check_target(path, overwrite)
     specs = _input_specs(model, batch_size, length)
     with atomic_path(path, overwrite) as tmp:
         tmp.write_bytes(_convert(serving, specs, quantize))

@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from zoo.files import atomic_path
 from zoo.registry import ModelSpec, names, spec as registered_spec
 
 log = logging.getLogger(__name__)
@@ -451,24 +451,10 @@ def save(model, folder, tokenizer=None, overwrite=False, max_shard_size=None) ->
     """Write `config.json`, `model.safetensors` (or shards + index) and the tokenizer
     files in Hugging Face format, atomically (a temp sibling renamed into place)."""
     folder = Path(folder)
-    if folder.exists() and not overwrite:
-        raise FileExistsError(f"{folder} exists; pass overwrite=True to replace it.")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
+    with atomic_path(folder, overwrite) as tmp:
+        tmp.mkdir()
         _write(model, tmp, tokenizer if tokenizer is not None else getattr(model, "tokenizer", None),
                max_shard_size)
-        if folder.exists():
-            old = folder.with_name(f".{folder.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            folder.rename(old)
-            tmp.rename(folder)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return folder
 
 
@@ -615,12 +601,9 @@ def convert_gguf(gguf_path, folder, overwrite=False) -> Path:
                   "merges": list(field("tokenizer.ggml.merges"))},
     }
     folder = Path(folder)
-    if folder.exists() and not overwrite:
-        raise FileExistsError(f"{folder} exists; pass overwrite=True to replace it.")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    save_file(tensors, tmp / WEIGHTS, metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (tmp / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+    with atomic_path(folder, overwrite) as tmp:
+        tmp.mkdir()
+        save_file(tensors, tmp / WEIGHTS, metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (tmp / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
     return folder
