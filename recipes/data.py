@@ -220,9 +220,9 @@ def _classify_batch(ids):
 def rows(recipe, tokenizer, docs, labels=None) -> tf.data.Dataset:
     """The task's unbatched examples (token rows, or (row, label) pairs)."""
     ids = vocab_lib.special_ids(tokenizer)
-    if recipe.task == "mlm":
+    if recipe.task == "masked_lm":
         return _mlm_rows(docs, tokenizer, recipe, ids)
-    if recipe.task == "clm":
+    if recipe.task == "causal_lm":
         return _clm_rows(docs, tokenizer, recipe, ids)
     return _classify_rows(docs, tokenizer, recipe, ids, labels)
 
@@ -240,9 +240,9 @@ def pipeline(recipe, tokenizer, docs, labels=None, training=True, skip=0) -> tf.
     ds = ds.batch(recipe.batch_size, drop_remainder=training)
     if skip:
         ds = ds.skip(skip)
-    if recipe.task == "mlm":
+    if recipe.task == "masked_lm":
         ds = ds.map(_mlm_batch(recipe, ids, tokenizer.vocabulary_size()), num_parallel_calls=AUTOTUNE)
-    elif recipe.task == "clm":
+    elif recipe.task == "causal_lm":
         ds = ds.map(_clm_batch, num_parallel_calls=AUTOTUNE)
     else:
         ds = ds.map(_classify_batch(ids), num_parallel_calls=AUTOTUNE)

@@ -49,10 +49,10 @@ from typing import Optional
 import zoo
 from zoo.registry import Registry
 
-TASKS = ("mlm", "clm", "classify")
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+# A recipe trains one task head of zoo's (zoo.models.TASKS); the backbone alone is not trained.
+TASKS = ("masked_lm", "causal_lm", "classifier")
+_LEGACY_TASKS = {"mlm": "masked_lm", "clm": "causal_lm", "classify": "classifier"}  # run.json before 0.2
 DECAYS = ("linear", "cosine")
-MODEL_TASK = {"mlm": "masked_lm", "clm": "causal_lm", "classify": "classifier"}
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Recipe:
     model: str
     model_overrides: dict = field(default_factory=dict)
     precision: str = "mixed_bfloat16"
-    checkpointing: str = "none"  # activation recomputation policy (zoo.checkpointing)
+    checkpointing: str = "none"  # activation recomputation policy (zoo.recompute)
     # AdamW
     learning_rate: float = 1e-4
     beta_1: float = 0.9
@@ -98,8 +98,10 @@ class Recipe:
             if not ok:
                 raise ValueError(message)
 
+        object.__setattr__(self, "task", _LEGACY_TASKS.get(self.task, self.task))
         check(self.task in TASKS, f"Unknown task {self.task!r}; known tasks: {', '.join(TASKS)}.")
-        check(self.precision in PRECISIONS, f"Unknown precision {self.precision!r}; known: {', '.join(PRECISIONS)}.")
+        check(self.precision in zoo.PRECISIONS,
+              f"Unknown precision {self.precision!r}; known: {', '.join(zoo.PRECISIONS)}.")
         check(self.decay in DECAYS, f"Unknown decay {self.decay!r}; known: {', '.join(DECAYS)}.")
         check(self.checkpointing in zoo.POLICIES,
               f"Unknown checkpointing policy {self.checkpointing!r}; known: {', '.join(zoo.POLICIES)}.")
@@ -113,14 +115,10 @@ class Recipe:
         check(self.clipnorm is None or self.clipnorm > 0, f"clipnorm must be positive or None, got {self.clipnorm}.")
         check(0.0 < self.mask_rate < 1.0, f"mask_rate must be in (0, 1), got {self.mask_rate}.")
         family = zoo.spec(self.model).family  # raises for an unknown model
-        want = "llama" if self.task == "clm" else "bert"
+        want = "llama" if self.task == "causal_lm" else "bert"
         check(family == want, f"Task {self.task!r} needs a {want} model; {self.model!r} is a {family} model.")
 
     # -------------------------------------------------------------------------
-    @property
-    def model_task(self) -> str:
-        return MODEL_TASK[self.task]
-
     @property
     def spec(self) -> zoo.ModelSpec:
         """The model's spec after `model_overrides` (num_classes is a task argument)."""
@@ -166,7 +164,7 @@ def get(name: str, **changes) -> Recipe:
 
 def _bert(model, **kw):
     return Recipe(
-        task="mlm", model=model, learning_rate=1e-4, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
+        task="masked_lm", model=model, learning_rate=1e-4, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
         weight_decay=0.01, clipnorm=1.0, warmup_steps=10_000, steps=1_000_000, decay="linear",
         batch_size=32, accumulation_steps=8, sequence_length=128, mask_rate=0.15, max_predictions=20,
         notes="BERT pretraining (Devlin et al. 2019): batch 256 as 32 x 8 accumulated micro-batches.", **kw,
@@ -175,7 +173,7 @@ def _bert(model, **kw):
 
 def _llama(model, learning_rate, min_lr_ratio, decay, steps, notes, **kw):
     return Recipe(
-        task="clm", model=model, learning_rate=learning_rate, beta_1=0.9, beta_2=0.95, epsilon=1e-8,
+        task="causal_lm", model=model, learning_rate=learning_rate, beta_1=0.9, beta_2=0.95, epsilon=1e-8,
         weight_decay=0.1, clipnorm=1.0, warmup_steps=2000, steps=steps, decay=decay,
         min_lr_ratio=min_lr_ratio, batch_size=8, accumulation_steps=64, sequence_length=2048,
         lowercase=False, notes=notes, **kw,
@@ -195,7 +193,7 @@ register("dec-1b", _llama("dec-1b", 4e-4, 0.1, "cosine", 1_430_000,
                           "TinyLlama-1.1B: cosine 4e-4 -> 4e-5; 2M-token batches need 8 x 2048 x 128, here 64.",
                           checkpointing="full"))
 register("classify", Recipe(
-    task="classify", model="enc-base", learning_rate=2e-5, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
+    task="classifier", model="enc-base", learning_rate=2e-5, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
     weight_decay=0.01, clipnorm=1.0, warmup_steps=100, steps=1000, decay="linear", batch_size=32,
     sequence_length=128, log_every=50, checkpoint_every=200,
     notes="BERT GLUE fine-tuning (Devlin et al. 2019, A.3); any encoder: recipes.get('classify', model=...).",

@@ -104,7 +104,7 @@ def _check_lengths(recipe):
             f"sequence_length={recipe.sequence_length} is above {recipe.model!r}'s limit of "
             f"{spec.max_sequence_length} positions; lower --sequence-length to at most {spec.max_sequence_length}."
         )
-    if recipe.task == "mlm" and recipe.max_predictions > recipe.sequence_length - 2:
+    if recipe.task == "masked_lm" and recipe.max_predictions > recipe.sequence_length - 2:
         raise ValueError(f"max_predictions={recipe.max_predictions} exceeds the {recipe.sequence_length - 2} "
                          "maskable positions of a row; lower max_predictions.")
 
@@ -120,7 +120,7 @@ def _tokenizer(recipe, out_dir, train_docs, scratch):
         return vocab_lib.load(recipe.vocabulary, family, recipe.lowercase), recipe.vocabulary
     print(f"Training a {'WordPiece' if family == 'bert' else 'byte-level BPE'} vocabulary of "
           f"{recipe.spec.vocab_size} tokens on the corpus...")
-    texts = train_docs.map(lambda text, label: text) if recipe.task == "classify" else train_docs
+    texts = train_docs.map(lambda text, label: text) if recipe.task == "classifier" else train_docs
     return vocab_lib.train(texts, family, recipe.spec.vocab_size, scratch, recipe.lowercase), scratch
 
 
@@ -128,10 +128,10 @@ def build(recipe, num_classes=None):
     """The recipe's model, compiled with its optimizer and loss (float32 logits;
     `mixed_float16` gets Keras' dynamic loss scaling from compile)."""
     overrides = dict(recipe.model_overrides)
-    if recipe.task == "classify":
+    if recipe.task == "classifier":
         overrides["num_classes"] = num_classes or overrides.get("num_classes", 2)
     model = zoo.get(recipe.model, checkpointing=recipe.checkpointing, dtype=recipe.precision,
-                    task=recipe.model_task, **overrides)
+                    task=recipe.task, **overrides)
     model.compile(
         optimizer=optim.optimizer(recipe, model),
         loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
@@ -153,12 +153,12 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
     recipe = get(recipe) if not isinstance(recipe, Recipe) else recipe
     if steps is not None and steps != recipe.steps:
         recipe = recipe.with_steps(steps)
-    if recipe.task == "classify" and label_column is None:
+    if recipe.task == "classifier" and label_column is None:
         raise ValueError("The classify recipe needs labels: pass label_column (--label-column).")
     _check_lengths(recipe)
-    docs = data_lib.documents(data, column, label_column if recipe.task == "classify" else None, data_dir)
+    docs = data_lib.documents(data, column, label_column if recipe.task == "classifier" else None, data_dir)
     train_docs, valid_docs = data_lib.split(docs, validation_every)
-    labels = data_lib.labels_of(train_docs) if recipe.task == "classify" else None
+    labels = data_lib.labels_of(train_docs) if recipe.task == "classifier" else None
     if labels is not None and len(labels) < 2:
         raise ValueError(f"Column {label_column!r} holds {len(labels)} distinct label(s); classification needs >= 2.")
     meta = {"model": recipe.model, "task": recipe.task, "spec": recipe.spec.to_dict(),

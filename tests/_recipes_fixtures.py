@@ -104,7 +104,7 @@ def tiny(recipe, steps=20, **changes):
     import recipes
 
     recipe = recipes.get(recipe)
-    shape = TINY_DECODER if recipe.task == "clm" else TINY
+    shape = TINY_DECODER if recipe.task == "causal_lm" else TINY
     base = dict(model_overrides=shape, batch_size=8, sequence_length=32, accumulation_steps=1, steps=steps,
                 warmup_steps=2, log_every=10, checkpoint_every=10, shuffle_buffer=64, max_predictions=5)
     return recipe.replace(**{**base, **changes})

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import zoo
-from zoo import checkpointing
+from zoo import recompute
 from tests.conftest import TINY, TINY_DEC
 
 FAMILIES = {"enc-base": dict(TINY, dropout=0.1), "dec-base": dict(TINY_DEC, dropout=0.1)}
@@ -110,7 +110,7 @@ def test_policy_switches_on_a_built_model():
     model = build("dec-base", "none")
     x = make_inputs("dec-base", masked=True)
     calls = []
-    real = checkpointing.recompute
+    real = recompute.recompute
 
     def counting(fn, *tensors):
         calls.append(fn)

@@ -55,7 +55,7 @@ def test_cached_logits_match_the_full_forward_pass(model):
     tokens = full_recompute_greedy(model, PROMPT, 6)
     mask = np.zeros_like(tokens, bool)
     mask[:, :5] = True
-    run = _cached_decode(model.backbone, Record())
+    run = _cached_decode(model, Record())
     run.python_function(tokens, mask, 5)  # eager: one recorded step per new token
     full = np.asarray(model({"token_ids": tokens, "padding_mask": np.ones_like(tokens)})["logits"])
     for step, probs in enumerate(seen):

@@ -22,9 +22,9 @@ def test_every_registered_model_has_a_recipe():
     for name in zoo.names():
         recipe = recipes.get(name)
         assert recipe.model == name
-        assert recipe.task == ("clm" if zoo.spec(name).is_decoder else "mlm")
+        assert recipe.task == ("causal_lm" if zoo.spec(name).is_decoder else "masked_lm")
         assert recipe.sequence_length <= zoo.spec(name).max_sequence_length
-    assert recipes.get("classify", model="enc-mini").model_task == "classifier"
+    assert recipes.get("classify", model="enc-mini").task == "classifier"
     with pytest.raises(ValueError, match="needs a bert model"):
         recipes.get("classify", model="dec-base")
 
@@ -34,11 +34,11 @@ def test_recipe_trains_on_real_text(name, tmp_path, recipes_news, recipes_reuter
     """>= 20 steps of the recipe (model shrunk, its optimizer/precision/checkpointing
     kept) on the news corpus (Reuters R8 for classify): the loss falls."""
     recipe = recipes.get(name)
-    family = "llama" if recipe.task == "clm" else "bert"
+    family = "llama" if recipe.task == "causal_lm" else "bert"
     # The references' learning rates are for 100M+ models and 10k-step warmups; a
     # 2-layer model in 20 steps needs a larger one to move measurably.
     recipe = tiny(name, learning_rate=max(recipe.learning_rate, 1e-3), vocabulary=recipes_vocab[family])
-    if recipe.task == "classify":
+    if recipe.task == "classifier":
         result = recipes.run(recipe, recipes_reuters, str(tmp_path), column="text", label_column="label", verbose=0)
     else:
         result = recipes.run(recipe, recipes_news, str(tmp_path), column="text", verbose=0)
@@ -227,7 +227,7 @@ def test_cli_train_resolves_the_recipe_and_names_bad_input(tmp_path, capsys):
             "--batch-size", "4", "--sequence-length", "64", "--precision", "float32", "--override", "num_layers=2"]
     assert _zoo(args + ["--show"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert (shown["task"], shown["model"], shown["steps"], shown["warmup_steps"]) == ("classify", "enc-mini", 400, 40)
+    assert (shown["task"], shown["model"], shown["steps"], shown["warmup_steps"]) == ("classifier", "enc-mini", 400, 40)
     assert (shown["batch_size"], shown["precision"], shown["model_overrides"]) == (4, "float32", {"num_layers": 2})
     with pytest.raises(FileNotFoundError, match="nope.csv"):
         _zoo(["train", "dec-base", "--data", str(tmp_path / "nope.csv"), "--out-dir", out])

@@ -29,7 +29,7 @@ def test_num_params_equals_built_model(name):
     # test stays small (benchmarks/param_counts.py builds the full-size ones).
     s = zoo.spec(name)
     heads = {"bert": ("backbone", "masked_lm", "classifier"), "llama": ("backbone", "causal_lm")}[s.family]
-    kv = {"num_kv_heads": 2} if s.num_kv_heads else {}
+    kv = {"num_kv_heads": 2} if s.num_kv_heads != s.num_heads else {}
     for task in heads:
         extra = {"num_classes": 3} if task == "classifier" else {}
         model = zoo.get(name, task=task, **TINY, **kv, **extra)

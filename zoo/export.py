@@ -45,11 +45,11 @@ def serving_model(model) -> keras.Model:
         # so serving computes the backbone once for all outputs.
         node = backbone._inbound_nodes[0]
         outputs.update(keras.tree.pack_sequence_as(backbone.output, node.output_tensors))
-    if model.spec.is_decoder and "logits" in outputs:
+    if model.task == "causal_lm":
         # Project only the last real position: [B, H] -> [B, vocab], not [B, S, vocab].
         last = ops.maximum(ops.sum(inputs["padding_mask"], axis=1) - 1, 0)
         hidden = ops.take_along_axis(outputs["sequence_output"], last[:, None, None], axis=1)[:, 0]
-        outputs = {"next_token_logits": backbone.token_embedding(hidden, reverse=True)}
+        outputs = {"next_token_logits": model.lm_logits(hidden)}
     outputs = {name: ops.cast(tensor, "float32") for name, tensor in outputs.items()}
     return keras.Model(inputs, outputs, name=f"{model.name}_serving")
 
@@ -108,7 +108,7 @@ def text_packer(model, tokenizer, sequence_length):
     """
     from keras_hub.layers import MultiSegmentPacker, StartEndPacker
 
-    if "mask_positions" in model.input:
+    if model.task == "masked_lm":
         raise ValueError("A masked-LM model also takes mask_positions, which text alone does not give; "
                          "export its backbone (model.backbone) or a classifier for a text signature.")
     if model.spec.family == "bert":
@@ -287,58 +287,3 @@ def tflite(model, path, quantize=None, batch_size=1, sequence_length=128, overwr
         report = ParityReport(str(path), quantize or "float32", tmp.stat().st_size, (batch_size, length),
                               compare(reference, run_tflite(tmp, batch)))
     return report
-
-
-# Command line -----------------------------------------------------------------
-def load(model_or_checkpoint, task=None):
-    """A registered model name (random weights, for trying) or a saved .keras file."""
-    import zoo
-
-    if str(model_or_checkpoint).endswith(".keras"):
-        if not Path(model_or_checkpoint).is_file():
-            raise FileNotFoundError(f"No model file at {model_or_checkpoint}.")
-        return keras.models.load_model(model_or_checkpoint)
-    if model_or_checkpoint not in zoo.names():
-        raise ValueError(
-            f"{model_or_checkpoint!r} is neither a registered model ({', '.join(zoo.names())}) "
-            "nor a .keras file."
-        )
-    return zoo.get(model_or_checkpoint, task=task)
-
-
-def _export(args):
-    model = load(args.model, task=args.task)
-    stem = Path(args.model).stem if args.model.endswith(".keras") else args.model
-    if args.format == "saved_model":
-        if args.quantize:
-            raise ValueError("--quantize applies to --format tflite only; a SavedModel keeps the model's weights.")
-        tokenizer = None
-        if args.vocabulary:
-            from keras_hub.tokenizers import WordPieceTokenizer
-
-            tokenizer = WordPieceTokenizer(vocabulary=args.vocabulary, lowercase=args.lowercase)
-        path = saved_model(model, args.output or f"{stem}_saved_model", sequence_length=args.sequence_length,
-                           tokenizer=tokenizer, overwrite=args.overwrite)
-        print(f"wrote {path}")
-    else:
-        report = tflite(model, args.output or f"{stem}.tflite", quantize=args.quantize,
-                        sequence_length=args.sequence_length or 128, overwrite=args.overwrite)
-        print(report)
-    return 0
-
-
-def register(subparsers):
-    p = subparsers.add_parser("export", help="write a SavedModel (TF Serving) or a .tflite file (devices)")
-    p.add_argument("model", help="a registered model name or a .keras file")
-    p.add_argument("--format", required=True, choices=FORMATS)
-    p.add_argument("--quantize", choices=QUANTIZATIONS, default=None, help="tflite only")
-    p.add_argument("--output", "-o", default=None, help="default: MODEL_saved_model/ or MODEL.tflite")
-    p.add_argument("--task", default=None, help="for a registered name: the task head to build")
-    p.add_argument("--sequence-length", type=int, default=None,
-                   help="longest input served (SavedModel; default: the model's maximum) or the fixed "
-                   "input length (tflite; default 128)")
-    p.add_argument("--vocabulary", default=None,
-                   help="a WordPiece vocab.txt: adds the `text` signature (needs tensorflow-text to load)")
-    p.add_argument("--lowercase", action="store_true", help="lower-case text before WordPiece")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing export at the output path")
-    p.set_defaults(func=_export)

@@ -3,7 +3,7 @@
     text = zoo.generation.generate(model, "The capital of France is", max_new_tokens=8)
 
 The prompt runs through the blocks once and fills a [B, 2, T, KV, D] cache per
-block (`TransformerBlock.decode`); every further token then costs one position.
+block (`DecoderCausalLM.call_with_cache`); every further token then costs one position.
 The decode loop and the sampling are keras-hub's `Sampler` (greedy, top-k, top-p),
 compiled with `tf.function` once per (batch, prompt length, total length).
 `use_cache=False` reruns the whole prefix for each token: the baseline the
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-from keras import ops
 
 SAMPLERS = ("greedy", "top_k", "top_p")
 
@@ -36,47 +35,21 @@ def make_sampler(sampler="greedy", seed=None, top_k=50, top_p=0.9, temperature=1
 
 
 def _check_decoder(model):
-    backbone = getattr(model, "backbone", None)
-    if backbone is None or not backbone.spec.is_decoder or _is_backbone_only(model):
+    if getattr(model, "task", None) != "causal_lm":
         raise ValueError("generate() needs a decoder language model: zoo.get('dec-...', task='causal_lm').")
-    return backbone
 
 
-def _is_backbone_only(model):
-    return "logits" not in model.output
-
-
-def _logits(backbone, hidden):
-    return ops.cast(backbone.token_embedding(backbone.final_norm(hidden), reverse=True), "float32")
-
-
-def _cached_decode(backbone, sampler):
+def _cached_decode(model, sampler):
     """A tf.function: (buffer [B, T], prompt mask [B, T], prompt length) -> filled buffer."""
-    spec, blocks = backbone.spec, backbone.blocks
 
     @tf.function(reduce_retracing=True, autograph=False)
     def run(buffer, mask, prompt_length):
-        batch, total = tf.shape(buffer)[0], tf.shape(buffer)[1]
-        dtype = backbone.token_embedding.compute_dtype
-        cache = tuple(tf.zeros([batch, 2, total, spec.kv_heads, spec.key_dim], dtype) for _ in blocks)
-        key_positions = tf.range(total)
-
-        def step(tokens, cache, start):
-            """Run `tokens` [B, S] at positions start.. through every block, reading/writing the cache."""
-            query_positions = start + tf.range(tf.shape(tokens)[1])
-            attend = (key_positions[None, :] <= query_positions[:, None])[None, None]  # [1, 1, S, T]
-            x = backbone.token_embedding(tokens)
-            updated = []
-            for block, block_cache in zip(blocks, cache):
-                x, block_cache = block.decode(x, attend, block_cache, start)
-                updated.append(block_cache)
-            return x, tuple(updated)
-
-        _, cache = step(buffer[:, :prompt_length], cache, 0)  # prefill
+        cache = model.init_cache(tf.shape(buffer)[0], tf.shape(buffer)[1])
+        _, _, cache = model.call_with_cache(buffer[:, :prompt_length], cache, 0)  # prefill
 
         def next_logits(prompt, cache, index):
-            x, cache = step(prompt[:, index - 1:index], cache, index - 1)
-            return _logits(backbone, x)[:, -1], None, cache
+            logits, _, cache = model.call_with_cache(prompt[:, index - 1:index], cache, index - 1)
+            return logits[:, -1], None, cache
 
         return sampler(next_logits, buffer, cache=cache, index=prompt_length, mask=mask)
 
@@ -128,19 +101,19 @@ def generate(model, prompt, max_new_tokens=32, sampler="greedy", seed=None, toke
     model on CPU, then fast); False runs the same loop eagerly, quicker for a few tokens.
     Returns the full text(s) for text prompts, else int32 token ids [B, P + max_new_tokens].
     """
-    backbone = _check_decoder(model)
+    _check_decoder(model)
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     ids, text = _encode(prompt, tokenizer)
     batch, length = ids.shape
     total = length + int(max_new_tokens)
-    if max_new_tokens < 1 or total > backbone.spec.max_sequence_length:
+    if max_new_tokens < 1 or total > model.spec.max_sequence_length:
         raise ValueError(f"max_new_tokens must be >= 1 and prompt + new tokens ({total}) <= the model's "
-                         f"{backbone.spec.max_sequence_length} positions.")
+                         f"{model.spec.max_sequence_length} positions.")
     buffer = np.zeros((batch, total), "int32")
     buffer[:, :length] = ids
     mask = np.zeros((batch, total), bool)
     mask[:, :length] = True
-    run = _compiled(model, backbone, sampler, seed, use_cache, sampler_args)
+    run = _compiled(model, sampler, seed, use_cache, sampler_args)
     run = run if compile else run.python_function
     out = np.asarray(run(tf.constant(buffer), tf.constant(mask), tf.constant(length, tf.int32)))
     if stop_token_ids is not None:
@@ -151,14 +124,14 @@ def generate(model, prompt, max_new_tokens=32, sampler="greedy", seed=None, toke
     return texts[0] if isinstance(prompt, str) else texts
 
 
-def _compiled(model, backbone, sampler, seed, use_cache, sampler_args):
+def _compiled(model, sampler, seed, use_cache, sampler_args):
     """One traced decode function per model and sampler setting; a seed only resets the state."""
     key = (use_cache, sampler if not isinstance(sampler, str) else sampler.replace("-", "_"),
            tuple(sorted(sampler_args.items())))
     fns = model.__dict__.setdefault("_zoo_generate", {})  # plain attribute: not tracked by Keras
     if key not in fns:
         sampler_obj = make_sampler(sampler, seed=0, **sampler_args)
-        fns[key] = (sampler_obj, (_cached_decode(backbone, sampler_obj) if use_cache
+        fns[key] = (sampler_obj, (_cached_decode(model, sampler_obj) if use_cache
                                   else _uncached_decode(model, sampler_obj)))
     sampler_obj, run = fns[key]
     generator = getattr(sampler_obj, "seed_generator", None)

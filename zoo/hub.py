@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from zoo.files import atomic_path
+from zoo.models import build
 from zoo.registry import ModelSpec, names, spec as registered_spec
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ def config_from_spec(spec: ModelSpec, task: str, num_classes: int | None = None)
         config = {
             "model_type": "llama", "vocab_size": spec.vocab_size, "num_hidden_layers": spec.num_layers,
             "hidden_size": spec.hidden_dim, "num_attention_heads": spec.num_heads,
-            "num_key_value_heads": spec.kv_heads, "head_dim": spec.key_dim,
+            "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
             "intermediate_size": spec.intermediate_dim, "max_position_embeddings": spec.max_sequence_length,
             "rms_norm_eps": spec.layer_norm_epsilon, "rope_theta": spec.rope_theta, "rope_scaling": None,
             "tie_word_embeddings": spec.tie_embeddings, "hidden_act": "silu", "attention_bias": False,
@@ -218,14 +219,6 @@ def weight_map(model) -> list[Entry]:
             # ReversibleEmbedding keeps the untied head as [hidden, vocab]; HF lm_head is [vocab, hidden].
             entries.append(Entry("lm_head.weight", backbone.token_embedding.reverse_embeddings, True, "lm_head"))
     return entries
-
-
-def _task_of(model) -> str:
-    if hasattr(model, "head"):
-        return "masked_lm"
-    if hasattr(model, "classifier"):
-        return "classifier"
-    return "causal_lm" if hasattr(model, "backbone") else "backbone"
 
 
 def _hf_name(entry: Entry, family: str, task: str) -> str:
@@ -325,7 +318,7 @@ def load_weights(model, folder, strict=True) -> list[str]:
             if entry.key not in available:
                 if entry.group == "backbone" or entry.group in groups_present:
                     raise ValueError(
-                        f"Missing tensor {_hf_name(entry, family, _task_of(model))!r} in {folder}: "
+                        f"Missing tensor {_hf_name(entry, family, model.task)!r} in {folder}: "
                         f"the model needs shape {_hf_shape(entry)}, the checkpoint has none."
                     )
                 fresh.append(entry.key)
@@ -413,8 +406,6 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
     overrides: spec fields that do not change weight shapes (dropout=0.0), or num_classes.
     The tokenizer (if the folder has one) is attached as `model.tokenizer`.
     """
-    import zoo
-
     folder = resolve(repo_id_or_path)
     config = _read_json(folder / "config.json")
     if not config:
@@ -423,8 +414,8 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
     if name is not None and not isinstance(name, ModelSpec):
         expected = registered_spec(name)
         diff = [f"{f}: checkpoint {getattr(spec, f)!r}, {name} {getattr(expected, f)!r}"
-                for f in ("family", "vocab_size", "num_layers", "hidden_dim", "num_heads", "kv_heads",
-                          "key_dim", "intermediate_dim", "max_sequence_length", "tie_embeddings")
+                for f in ("family", "vocab_size", "num_layers", "hidden_dim", "num_heads", "num_kv_heads",
+                          "head_dim", "intermediate_dim", "max_sequence_length", "tie_embeddings")
                 if getattr(spec, f) != getattr(expected, f)]
         if diff:
             raise ValueError(f"{folder} is not a {name!r} checkpoint ({'; '.join(diff)}); "
@@ -438,8 +429,8 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
         task_args["num_classes"] = overrides.pop("num_classes", task_args.get("num_classes", 2))
     elif task_args and task != own_task:
         task_args = {}
-    model = zoo.get(spec.replace(**overrides) if overrides else spec, checkpointing=checkpointing,
-                    dtype=dtype, task=task, **task_args)
+    model = build(spec.replace(**overrides) if overrides else spec, task=task, checkpointing=checkpointing,
+                  dtype=dtype, **task_args)
     load_weights(model, folder)
     if tokenizer:
         model.__dict__["tokenizer"] = load_tokenizer(folder)  # plain attribute: not a tracked sublayer
@@ -462,7 +453,7 @@ def _write(model, folder: Path, tokenizer, max_shard_size):
     from safetensors.numpy import save_file
 
     backbone = getattr(model, "backbone", model)
-    spec, task = backbone.spec, _task_of(model)
+    spec, task = backbone.spec, model.task
     num_classes = model.classifier.units if task == "classifier" else None
     (folder / "config.json").write_text(json.dumps(config_from_spec(spec, task, num_classes), indent=2) + "\n")
     tensors = {}

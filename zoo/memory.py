@@ -16,7 +16,7 @@ It is an estimate, meant to rank choices and to refuse a run that cannot fit;
 
 from dataclasses import asdict, dataclass
 
-from zoo.checkpointing import resolve
+from zoo.recompute import resolve
 from zoo.registry import ModelSpec, spec as lookup
 
 GiB = 1024**3
@@ -46,10 +46,25 @@ def _activation_bytes(precision: str) -> int:
     return 4 if precision == "float32" else 2
 
 
-def estimate(model, batch_size: int, sequence_length: int, precision: str = "float32",
+def estimate(spec, batch_size: int, sequence_length: int, precision: str = "float32",
              checkpointing="none", task=None, optimizer: str = "adam") -> MemoryEstimate:
-    """Bytes one training step holds at its peak, by component."""
-    s: ModelSpec = lookup(model)
+    """Bytes one training step holds at its peak, by component.
+
+    Args:
+        spec: a registered model name or a `ModelSpec` (nothing is built).
+        batch_size, sequence_length: the step's shape.
+        precision: a dtype policy name ("float32", "mixed_bfloat16", ...).
+        checkpointing: "none", "full" or "selective".
+        task: the task head; None: the family's default.
+        optimizer: "adam"/"adamw" (two fp32 moments) or "sgd".
+
+    Returns:
+        A `MemoryEstimate` (bytes per component and `.total`).
+
+    Example:
+    >>> estimate("enc-1b", 4, 512, "mixed_bfloat16", "full").total / GiB
+    """
+    s: ModelSpec = lookup(spec)
     policy = resolve(checkpointing)
     params = s.num_params(task)
     weight_bytes = 2 if precision in ("bfloat16", "float16") else 4
@@ -82,39 +97,31 @@ def estimate(model, batch_size: int, sequence_length: int, precision: str = "flo
     )
 
 
-def largest_batch(model, sequence_length: int, budget_bytes: int, limit: int = 4096, **kwargs) -> int:
-    """The largest batch size whose estimate fits `budget_bytes` (0 if none does)."""
+def largest_batch(spec, sequence_length: int, budget_bytes: int, limit: int = 4096, **kwargs) -> int:
+    """The largest batch size whose estimate fits `budget_bytes` (0 if none does).
+
+    Args:
+        spec: a registered model name or a `ModelSpec`.
+        sequence_length: the step's sequence length.
+        budget_bytes: the memory available.
+        limit: the largest batch tried.
+        **kwargs: `estimate`'s other arguments (precision, checkpointing, ...).
+
+    Returns:
+        The batch size, 0 if not even batch 1 fits.
+
+    Example:
+    >>> largest_batch("dec-1b", 512, 24 * GiB, precision="mixed_bfloat16", checkpointing="full")
+    """
     best = 0
     batch = 1
-    while batch <= limit and estimate(model, batch, sequence_length, **kwargs).total <= budget_bytes:
+    while batch <= limit and estimate(spec, batch, sequence_length, **kwargs).total <= budget_bytes:
         best, batch = batch, batch * 2
     low, high = best, min(batch, limit + 1)
     while high - low > 1:  # the doubling overshot: bisect between the last fit and the first miss
         mid = (low + high) // 2
-        if estimate(model, mid, sequence_length, **kwargs).total <= budget_bytes:
+        if estimate(spec, mid, sequence_length, **kwargs).total <= budget_bytes:
             low = mid
         else:
             high = mid
     return low
-
-
-def _plan(args):
-    from zoo.checkpointing import POLICIES
-
-    print(f"{args.model}: batch {args.batch_size} x sequence {args.sequence_length}, {args.precision}")
-    print(f"{'policy':10s} {'weights':>9s} {'grads':>9s} {'adam':>9s} {'activ.':>9s} {'logits':>9s} {'total':>9s}")
-    for policy in ([args.checkpointing] if args.checkpointing else POLICIES):
-        e = estimate(args.model, args.batch_size, args.sequence_length, args.precision, policy)
-        cells = " ".join(f"{v / GiB:8.2f}G" for v in e.as_dict().values())
-        print(f"{policy:10s} {cells}")
-    return 0
-
-
-def register(subparsers):
-    p = subparsers.add_parser("plan", help="estimate a training step's memory for each checkpointing policy")
-    p.add_argument("model")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--sequence-length", type=int, default=512)
-    p.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16", "mixed_float16"])
-    p.add_argument("--checkpointing", default=None)
-    p.set_defaults(func=_plan)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 FAMILIES = ("bert", "llama")
+# Keras dtype policies a model can be built with; "mixed_*" keep float32 weights.
+PRECISIONS = ("float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16")
 
 
 @dataclass(frozen=True)
@@ -32,8 +34,8 @@ class ModelSpec:
     num_heads: int
     intermediate_dim: int
     max_sequence_length: int
-    num_kv_heads: Optional[int] = None  # None: as many as query heads
-    head_dim: Optional[int] = None  # None: hidden_dim // num_heads
+    num_kv_heads: Optional[int] = None  # None: as many as query heads (resolved on construction)
+    head_dim: Optional[int] = None  # None: hidden_dim // num_heads (resolved on construction)
     num_segments: int = 2  # BERT token types; unused by llama
     dropout: float = 0.0
     layer_norm_epsilon: float = 1e-12
@@ -52,23 +54,20 @@ class ModelSpec:
                 f"hidden_dim={self.hidden_dim} is not divisible by num_heads={self.num_heads}; "
                 "choose sizes where hidden_dim % num_heads == 0 (or set head_dim)."
             )
-        if self.num_heads % self.kv_heads:
+        # Resolve the derived fields once, so every reader sees one number under one name.
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_dim // self.num_heads)
+        if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"num_kv_heads={self.kv_heads} does not divide num_heads={self.num_heads}; "
+                f"num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}; "
                 "grouped-query attention needs num_heads % num_kv_heads == 0."
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
 
     # Derived shapes -----------------------------------------------------------
-    @property
-    def kv_heads(self) -> int:
-        return self.num_kv_heads or self.num_heads
-
-    @property
-    def key_dim(self) -> int:
-        return self.head_dim or self.hidden_dim // self.num_heads
-
     @property
     def is_decoder(self) -> bool:
         return self.family == "llama"
@@ -77,11 +76,24 @@ class ModelSpec:
     def default_task(self) -> str:
         return "causal_lm" if self.is_decoder else "backbone"
 
-    def replace(self, **overrides) -> "ModelSpec":
+    def replace(self, **overrides) -> ModelSpec:
+        """A copy with `overrides` applied and validated.
+
+        A field that was derived (`head_dim` from the width and heads, `num_kv_heads`
+        from the heads) is derived again from the new shape unless it is overridden too.
+
+        Example:
+        >>> zoo.spec("enc-base").replace(num_layers=2, hidden_dim=64, num_heads=4).head_dim
+        16
+        """
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise ValueError(f"Unknown spec field(s) {unknown}; valid fields: {', '.join(sorted(known))}.")
+        if "head_dim" not in overrides and self.head_dim == self.hidden_dim // self.num_heads:
+            overrides["head_dim"] = None
+        if "num_kv_heads" not in overrides and self.num_kv_heads == self.num_heads:
+            overrides["num_kv_heads"] = None
         return dataclasses.replace(self, **overrides)
 
     def to_dict(self) -> dict:
@@ -92,7 +104,7 @@ class ModelSpec:
         """Parameters of the model `zoo.get` builds for `task`, without building it."""
         task = task or self.default_task
         h, f, v = self.hidden_dim, self.intermediate_dim, self.vocab_size
-        q_dim, kv_dim = self.num_heads * self.key_dim, self.kv_heads * self.key_dim
+        q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         if self.family == "bert":
             attention = (h * q_dim + q_dim) + 2 * (h * kv_dim + kv_dim) + (q_dim * h + h)
             block = attention + (h * f + f) + (f * h + h) + 2 * (2 * h)  # two LayerNorms

@@ -9,10 +9,9 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from zoo.layers.initializers import init
-
-from zoo.checkpointing import recompute
 from zoo.layers.dropout import stateless_dropout
+from zoo.layers.initializers import init
+from zoo.recompute import recompute
 
 _MASKED = -1e9  # added to masked scores in float32; exp() underflows to exactly 0
 

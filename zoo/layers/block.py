@@ -4,14 +4,14 @@ BERT: post-LN (x = LN(x + attn(x)); x = LN(x + ffn(x))), LayerNorm, GELU, biases
 Llama: pre-norm (x = x + attn(RMSNorm(x)); x = x + ffn(RMSNorm(x))), SwiGLU, rotary.
 
 The checkpointing policy is a plain attribute read at call time, so
-`zoo.checkpointing.set_policy` switches a built model. Recomputation only
+`ZooModel.set_checkpointing` switches a built model. Recomputation only
 happens when training: inference graphs never contain the wrapper.
 """
 
 import keras
 from keras import ops
 
-from zoo.checkpointing import recompute, resolve
+from zoo.recompute import recompute, resolve
 from zoo.layers.attention import Attention
 from zoo.layers.dropout import stateless_dropout
 from zoo.layers.feedforward import FeedForward
@@ -66,31 +66,36 @@ class TransformerBlock(keras.layers.Layer):
         training = bool(training)
         seed = self.seed_generator.next() if (training and self.dropout) else None
         if training and self.checkpointing == "full":
-            return recompute(lambda h: self._forward(h, attention_mask, seed, training)[0], x)
+            def block(h):
+                return self._forward(h, mask=attention_mask, seed=seed, training=True)[0]
+
+            return recompute(block, x)
         recompute_core = training and self.checkpointing == "selective"
-        return self._forward(x, attention_mask, seed, training, recompute_core)[0]
+        return self._forward(x, mask=attention_mask, seed=seed, training=training, recompute_core=recompute_core)[0]
 
     def decode(self, x, attention_mask, cache, cache_index):
         """Inference with a key/value cache: returns (output, updated cache)."""
-        return self._forward(x, attention_mask, None, False, False, cache, cache_index)
+        return self._forward(x, mask=attention_mask, cache=cache, cache_index=cache_index)
 
-    def _forward(self, x, mask, seed, training, recompute_core=False, cache=None, cache_index=0):
+    def _forward(self, x, mask, seed=None, training=False, recompute_core=False, cache=None, cache_index=0):
         rate = self.dropout if training else 0.0
-        residual = x
-        h = self.attention_norm(x) if self.pre_norm else x
-        h, cache = self.attention(
-            h, attention_mask=mask, seed=seed, training=training, recompute_core=recompute_core,
-            cache=cache, cache_index=cache_index,
-        )
-        x = residual + stateless_dropout(h, rate, seed, site=1)
-        if not self.pre_norm:
-            x = self.attention_norm(x)
-        residual = x
-        h = self.ffn(self.ffn_norm(x) if self.pre_norm else x)
-        x = residual + stateless_dropout(h, rate, seed, site=2)
-        if not self.pre_norm:
-            x = self.ffn_norm(x)
-        return x, cache
+
+        def attend(h):
+            return self.attention(h, attention_mask=mask, seed=seed, training=training,
+                                  recompute_core=recompute_core, cache=cache, cache_index=cache_index)
+
+        def drop(h, site):
+            return stateless_dropout(h, rate, seed, site=site)
+
+        if self.pre_norm:  # Llama: x = x + attn(norm(x)); x = x + ffn(norm(x))
+            h, new_cache = attend(self.attention_norm(x))
+            x = x + drop(h, site=1)
+            x = x + drop(self.ffn(self.ffn_norm(x)), site=2)
+        else:  # BERT: x = norm(x + attn(x)); x = norm(x + ffn(x))
+            h, new_cache = attend(x)
+            x = self.attention_norm(x + drop(h, site=1))
+            x = self.ffn_norm(x + drop(self.ffn(x), site=2))
+        return x, new_cache
 
     def get_config(self):
         return {**super().get_config(), **self.config_args, "checkpointing": self.checkpointing}

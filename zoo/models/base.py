@@ -8,7 +8,8 @@ config is the spec itself, so a saved model rebuilds the same shape.
 
 import keras
 
-from zoo import checkpointing as ckpt
+from zoo.layers.block import TransformerBlock
+from zoo.recompute import resolve
 from zoo.registry import ModelSpec
 
 
@@ -17,12 +18,10 @@ def as_spec(spec) -> ModelSpec:
 
 
 def make_blocks(spec: ModelSpec, checkpointing, dtype):
-    from zoo.layers.block import TransformerBlock
-
     llama = spec.family == "llama"
     return [
         TransformerBlock(
-            num_heads=spec.num_heads, num_kv_heads=spec.kv_heads, head_dim=spec.key_dim,
+            num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
             intermediate_dim=spec.intermediate_dim, pre_norm=llama, rms_norm=llama, gated_ffn=llama,
             use_bias=not llama, rotary_theta=spec.rope_theta if llama else None, dropout=spec.dropout,
             epsilon=spec.layer_norm_epsilon, checkpointing=checkpointing, dtype=dtype, name=f"block_{i}",
@@ -37,8 +36,19 @@ def token_inputs(spec: ModelSpec) -> dict:
     return {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in names}
 
 
+def blocks_of(model) -> list:
+    """Every `TransformerBlock` of a model, in order (a task model's backbone included)."""
+    return [layer for layer in model._flatten_layers() if isinstance(layer, TransformerBlock)]
+
+
 class ZooModel(keras.Model):
-    """Base of backbones and task models: spec-driven config and input checks."""
+    """Base of backbones and task models: spec-driven config and input checks.
+
+    Each concrete class declares its `task` ("backbone", "masked_lm", "classifier",
+    "causal_lm"), which is what export, the Hub format and generation read.
+    """
+
+    task = None
 
     def _finish(self, spec, inputs, outputs, dtype, **kwargs):
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
@@ -49,11 +59,34 @@ class ZooModel(keras.Model):
 
     @property
     def checkpointing(self) -> str:
-        return ckpt.get_policy(self)
+        """The recomputation policy of every block ("mixed" if they differ)."""
+        policies = {block.checkpointing for block in blocks_of(self)}
+        return policies.pop() if len(policies) == 1 else "mixed"
 
     def set_checkpointing(self, policy) -> str:
-        """Switch the recomputation policy of a built model (no rebuild, weights kept)."""
-        return ckpt.set_policy(self, policy)
+        """Switch the recomputation policy of a built model, without rebuilding it.
+
+        Compiled train/predict functions are dropped so that the next call retraces
+        with the new policy; weights and optimizer state are untouched.
+
+        Args:
+            policy: "none", "full" or "selective" (`True` = "full").
+
+        Returns:
+            The resolved policy name.
+
+        Example:
+        >>> model = zoo.get("enc-base", num_layers=2, hidden_dim=64, num_heads=4)
+        >>> model.set_checkpointing("selective")
+        'selective'
+        """
+        policy = resolve(policy)
+        for block in blocks_of(self):
+            block.checkpointing = policy
+        for attr in ("train_function", "test_function", "predict_function"):
+            if hasattr(self, attr):
+                setattr(self, attr, None)
+        return policy
 
     def call(self, inputs, training=None, mask=None):
         self.check_inputs(inputs)

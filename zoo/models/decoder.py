@@ -3,6 +3,7 @@ and grouped-query attention, whose weights map 1:1 onto Hugging Face
 `LlamaForCausalLM` (tied or untied LM head)."""
 
 import keras
+import tensorflow as tf
 from keras import ops
 from keras_hub.layers import ReversibleEmbedding
 
@@ -15,6 +16,8 @@ from zoo.models.base import ZooModel, as_spec, make_blocks, token_inputs
 class DecoderBackbone(ZooModel):
     """Outputs `sequence_output` [B, S, H] after the final norm. The LM head is the
     token embedding's reverse (tied) or its separate reverse kernel (untied)."""
+
+    task = "backbone"
 
     def __init__(self, spec, checkpointing="none", dtype=None, **kwargs):
         spec = as_spec(spec)
@@ -37,12 +40,62 @@ class DecoderBackbone(ZooModel):
 
 @keras.saving.register_keras_serializable(package="zoo")
 class DecoderCausalLM(ZooModel):
-    """Next-token logits (float32) at every position: [B, S, vocab]."""
+    """Next-token logits (float32) at every position: [B, S, vocab].
+
+    `call_with_cache` runs a few positions against a key/value cache (keras-hub's
+    `LlamaCausalLM` has the same method): generation and export use it, so the
+    decoder's forward pass is written once, here.
+    """
+
+    task = "causal_lm"
 
     def __init__(self, spec, checkpointing="none", dtype=None, **kwargs):
         spec = as_spec(spec)
         self.backbone = DecoderBackbone(spec, checkpointing, dtype, name="backbone")
         inputs = dict(self.backbone.input)
         sequence = self.backbone(inputs)["sequence_output"]
-        logits = ops.cast(self.backbone.token_embedding(sequence, reverse=True), "float32")
-        self._finish(spec, inputs, {"logits": logits}, dtype, **kwargs)
+        self._finish(spec, inputs, {"logits": self.lm_logits(sequence)}, dtype, **kwargs)
+
+    def lm_logits(self, sequence_output):
+        """The LM head: normed hidden states [..., H] -> float32 logits [..., vocab]."""
+        return ops.cast(self.backbone.token_embedding(sequence_output, reverse=True), "float32")
+
+    def init_cache(self, batch_size, max_length):
+        """An empty key/value cache: one [B, 2, max_length, KV heads, head dim] tensor per block."""
+        spec = self.spec
+        dtype = self.backbone.token_embedding.compute_dtype
+        shape = [batch_size, 2, max_length, spec.num_kv_heads, spec.head_dim]
+        return tuple(tf.zeros(shape, dtype) for _ in self.backbone.blocks)
+
+    def call_with_cache(self, token_ids, cache, cache_index, padding_mask=None):
+        """Run `token_ids` [B, S] at positions cache_index.. against `cache`.
+
+        Args:
+            token_ids: int [B, S], the new positions.
+            cache: the tuple `init_cache` made (or the last call returned).
+            cache_index: scalar int, the position of `token_ids[:, 0]`.
+            padding_mask: optional [B, max_length] (1 = a real token) over the whole
+                cache; positions marked 0 are never attended to.
+
+        Returns:
+            `(logits, sequence_output, cache)`: float32 logits [B, S, vocab], the
+            normed hidden states [B, S, H] and the updated cache.
+
+        Example:
+        >>> cache = model.init_cache(1, 16)
+        >>> logits, _, cache = model.call_with_cache(prompt_ids, cache, 0)
+        """
+        backbone = self.backbone
+        total = tf.shape(cache[0])[2]
+        key_positions = tf.range(total)
+        query_positions = cache_index + tf.range(tf.shape(token_ids)[1])
+        attend = (key_positions[None, :] <= query_positions[:, None])[None, None]  # [1, 1, S, T]
+        if padding_mask is not None:
+            attend = tf.logical_and(attend, tf.cast(padding_mask, tf.bool)[:, None, None, :])
+        x = backbone.token_embedding(token_ids)
+        updated = []
+        for block, block_cache in zip(backbone.blocks, cache):
+            x, block_cache = block.decode(x, attention_mask=attend, cache=block_cache, cache_index=cache_index)
+            updated.append(block_cache)
+        sequence = backbone.final_norm(x)
+        return self.lm_logits(sequence), sequence, tuple(updated)

@@ -16,6 +16,8 @@ class EncoderBackbone(ZooModel):
     [B, H] (tanh dense on [CLS]); the masked-LM model has no pooler, as in
     Hugging Face `BertForMaskedLM`."""
 
+    task = "backbone"
+
     def __init__(self, spec, checkpointing="none", dtype=None, pooler=True, **kwargs):
         spec = as_spec(spec)
         h = spec.hidden_dim
@@ -62,6 +64,8 @@ class EncoderMaskedLM(ZooModel):
     The head is Hugging Face's `cls.predictions` (dense, GELU, LayerNorm, decoder
     tied to the token embedding, output bias)."""
 
+    task = "masked_lm"
+
     def __init__(self, spec, checkpointing="none", dtype=None, **kwargs):
         spec = as_spec(spec)
         self.backbone = EncoderBackbone(spec, checkpointing, dtype, pooler=False, name="backbone")
@@ -84,6 +88,8 @@ class EncoderMaskedLM(ZooModel):
 class EncoderClassifier(ZooModel):
     """Sequence classification on the pooled output (Hugging Face
     `BertForSequenceClassification`): float32 `logits` [B, num_classes]."""
+
+    task = "classifier"
 
     def __init__(self, spec, num_classes=2, checkpointing="none", dtype=None, **kwargs):
         spec = as_spec(spec)
