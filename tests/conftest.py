@@ -3,12 +3,10 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-import keras  # noqa: E402
+import keras  # noqa: E402  (after the backend is chosen)
 import pytest  # noqa: E402
 
-# The shape every unit test shrinks a registered model to.
-TINY = dict(num_layers=2, hidden_dim=64, num_heads=4, intermediate_dim=128, vocab_size=128)
-TINY_DEC = dict(TINY, num_kv_heads=2)  # grouped-query attention: 2 query heads per KV head
+from tools.assets import AssetUnavailable, fetch  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -16,3 +14,17 @@ def _float32_policy():
     """Tests that set a global dtype policy must not leak it into the next test."""
     yield
     keras.config.set_dtype_policy("float32")
+
+
+@pytest.fixture(scope="session")
+def asset():
+    """`asset("minilm")` -> local path of a real offline asset (tools/assets.py); skips,
+    naming the fetch command, when it cannot be fetched."""
+
+    def get(name):
+        try:
+            return fetch(name)[name]
+        except AssetUnavailable as error:
+            pytest.skip(f"real asset {name!r} unavailable: {error}")
+
+    return get

@@ -9,7 +9,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from tests._recipes_fixtures import REPO, recipes_news, recipes_reuters, recipes_vocab, tiny  # noqa: F401
+from tests.common import REPO, tiny_recipe
 
 import recipes
 import zoo
@@ -37,7 +37,7 @@ def test_recipe_trains_on_real_text(name, tmp_path, recipes_news, recipes_reuter
     family = "llama" if recipe.task == "causal_lm" else "bert"
     # The references' learning rates are for 100M+ models and 10k-step warmups; a
     # 2-layer model in 20 steps needs a larger one to move measurably.
-    recipe = tiny(name, learning_rate=max(recipe.learning_rate, 1e-3), vocabulary=recipes_vocab[family])
+    recipe = tiny_recipe(name, learning_rate=max(recipe.learning_rate, 1e-3), vocabulary=recipes_vocab[family])
     if recipe.task == "classifier":
         result = recipes.run(recipe, recipes_reuters, str(tmp_path), column="text", label_column="label", verbose=0)
     else:
@@ -108,7 +108,7 @@ def test_clipnorm_is_applied_to_the_global_norm():
 
 
 def test_weight_decay_skips_norms_and_biases():
-    model = recipes.build(tiny("enc-base"))
+    model = recipes.build(tiny_recipe("enc-base"))
     opt = model.optimizer
     decayed = {v.path for v in model.trainable_variables if opt._use_weight_decay(v)}
     assert decayed and all(len(v.shape) == 2 for v in model.trainable_variables if v.path in decayed)
@@ -127,7 +127,7 @@ def test_gradient_accumulation_equals_one_large_batch():
     update as one batch of 8 (equal token counts, so the mean of means is the mean).
     Adam's epsilon is raised to 1e-3: at 1e-8 Adam's first steps are sign(g), and a
     near-zero gradient coordinate's float32 summation-order noise flips its sign."""
-    base = tiny("dec-base", precision="float32", warmup_steps=0, steps=100, batch_size=2, learning_rate=1e-2,
+    base = tiny_recipe("dec-base", precision="float32", warmup_steps=0, steps=100, batch_size=2, learning_rate=1e-2,
                 epsilon=1e-3, model_overrides=ONE_LAYER)
     micro = base.replace(accumulation_steps=4)
     keras.utils.set_random_seed(0)
@@ -148,7 +148,7 @@ def test_gradient_accumulation_equals_one_large_batch():
 
 
 def test_mixed_float16_scales_the_loss_and_skips_non_finite_steps():
-    recipe = tiny("dec-base", precision="mixed_float16", warmup_steps=0, steps=100, model_overrides=ONE_LAYER)
+    recipe = tiny_recipe("dec-base", precision="mixed_float16", warmup_steps=0, steps=100, model_overrides=ONE_LAYER)
     model = recipes.build(recipe)
     opt = model.optimizer
     assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
@@ -174,7 +174,7 @@ def _snapshot(folder):
 
 
 def test_bad_input_fails_before_training(tmp_path, recipes_news, recipes_vocab):
-    recipe = tiny("enc-base", vocabulary=recipes_vocab["bert"])
+    recipe = tiny_recipe("enc-base", vocabulary=recipes_vocab["bert"])
     out = str(tmp_path / "out")
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         recipes.run(recipe, str(tmp_path / "missing.txt"), out)
@@ -189,7 +189,7 @@ def test_bad_input_fails_before_training(tmp_path, recipes_news, recipes_vocab):
     assert not os.path.exists(out)
 
     # An out_dir holding another model's run is refused and left as it was.
-    other = tiny("dec-base")
+    other = tiny_recipe("dec-base")
     os.makedirs(out)
     state.write_json_atomic(os.path.join(out, state.RUN_FILE), {
         "model": other.model, "task": other.task, "spec": other.spec.to_dict(), "recipe": other.to_dict(),

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from tests._recipes_fixtures import recipes_vocab, tiny  # noqa: F401
+from tests.common import tiny_recipe
 
 from recipes import data, vocab
 
@@ -63,7 +63,7 @@ def recipes_tokenizers(recipes_vocab):
 def test_clm_packing_has_no_padding_and_shifts_targets(tmp_path, recipes_tokenizers):
     txt, lines = _corpus(tmp_path)
     tok = recipes_tokenizers["llama"]
-    recipe = tiny("dec-base", batch_size=4, sequence_length=16)
+    recipe = tiny_recipe("dec-base", batch_size=4, sequence_length=16)
     ids = vocab.special_ids(tok)
     rows = np.stack(list(data.rows(recipe, tok, data.documents(str(txt))).as_numpy_iterator()))
     stream = np.concatenate([np.append(np.asarray(tok(t)), ids["eos"]) for t in lines])
@@ -77,7 +77,7 @@ def test_clm_packing_has_no_padding_and_shifts_targets(tmp_path, recipes_tokeniz
 def test_mlm_masks_only_real_tokens(tmp_path, recipes_tokenizers):
     txt, _ = _corpus(tmp_path)
     tok = recipes_tokenizers["bert"]
-    recipe = tiny("enc-base", batch_size=4, sequence_length=24, max_predictions=6)
+    recipe = tiny_recipe("enc-base", batch_size=4, sequence_length=24, max_predictions=6)
     ids = vocab.special_ids(tok)
     clean = next(iter(data.rows(recipe, tok, data.documents(str(txt))).batch(4))).numpy()
     x, y, w = next(iter(data.pipeline(recipe, tok, data.documents(str(txt)), training=False)))
@@ -96,7 +96,7 @@ def test_classify_batches_pad_and_label(tmp_path, recipes_tokenizers):
     path = tmp_path / "labelled.csv"
     path.write_text("text,label\nthe cat sat,pets\nstocks fell sharply today on the news,markets\nthe dog ran,pets\n")
     tok = recipes_tokenizers["bert"]
-    recipe = tiny("classify", batch_size=3, sequence_length=12)
+    recipe = tiny_recipe("classify", batch_size=3, sequence_length=12)
     docs = data.documents(str(path), label_column="label")
     labels = data.labels_of(docs)
     x, y = next(iter(data.pipeline(recipe, tok, docs, labels, training=False)))
@@ -113,7 +113,7 @@ def test_skip_resumes_at_the_same_batch(tmp_path, recipes_tokenizers):
     path = tmp_path / "labelled.csv"
     _, lines = _corpus(tmp_path, n=120)
     path.write_text("text,label\n" + "".join(f"{t},{'ab'[i % 2]}\n" for i, t in enumerate(lines)))
-    recipe = tiny("classify", batch_size=2, sequence_length=12, shuffle_buffer=32)
+    recipe = tiny_recipe("classify", batch_size=2, sequence_length=12, shuffle_buffer=32)
     docs = data.documents(str(path), label_column="label")
     tok = recipes_tokenizers["bert"]
     stream = lambda skip: [x["token_ids"].numpy() for x, _ in data.pipeline(  # noqa: E731

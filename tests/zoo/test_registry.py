@@ -5,7 +5,7 @@ import pytest
 
 import zoo
 from zoo import models as zoo_models
-from tests.conftest import TINY, TINY_DEC
+from tests.common import TINY, TINY_DEC
 
 # DESIGN.md's reference parameter counts for the ladder.
 REFERENCE = {

@@ -138,14 +138,6 @@ def test_llama_names_and_shapes_are_transformers(tmp_path):
     assert (config["num_key_value_heads"], config["head_dim"]) == (2, 8)
 
 
-def exact_gelu(backbone):
-    """keras-hub's BERT uses tanh-approximate GELU; the checkpoints (hidden_act='gelu') use erf."""
-    for i in range(backbone.num_layers):
-        backbone.get_layer(f"transformer_layer_{i}")._feedforward_intermediate_dense.activation = (
-            lambda z: keras.activations.gelu(z, approximate=False))
-    return backbone
-
-
 def test_keras_hub_reads_what_zoo_writes(tmp_path):
     """An independent loader (keras-hub's Hugging Face converters) gets the same outputs."""
     model = randomise(bert())

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import zoo
 from zoo import recompute
-from tests.conftest import TINY, TINY_DEC
+from tests.common import TINY, TINY_DEC
 
 FAMILIES = {"enc-base": dict(TINY, dropout=0.1), "dec-base": dict(TINY_DEC, dropout=0.1)}
 BATCH, SEQ = 2, 16

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import numpy as np
-from tests._recipes_fixtures import REPO, recipes_news, recipes_vocab, tiny  # noqa: F401
+from tests.common import REPO, tiny_recipe
 from safetensors.numpy import load_file
 
 from recipes import state
@@ -43,7 +43,7 @@ def _train(recipe, data, out_dir, kill_at=0):
 
 
 def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path, recipes_news, recipes_vocab):
-    recipe = tiny("dec-base", steps=12, log_every=4, checkpoint_every=4, precision="float32",
+    recipe = tiny_recipe("dec-base", steps=12, log_every=4, checkpoint_every=4, precision="float32",
                   learning_rate=3e-3, vocabulary=recipes_vocab["llama"])
     # Dropout on, so that resuming must also restore the dropout seed state.
     recipe = recipe.replace(model_overrides={**recipe.model_overrides, "dropout": 0.1})

@@ -21,18 +21,14 @@ import zoo
 from zoo import hub
 from zoo.generation import generate
 
-from benchmarks._assets import fetch
-from tests.test_hub import exact_gelu
+from tests.common import exact_gelu
 
 pytestmark = pytest.mark.slow  # real assets: deselect with -m "not slow"
 
 
 @pytest.fixture(scope="session")
-def assets():
-    try:
-        return fetch("minilm", "smollm2")
-    except (OSError, RuntimeError) as error:
-        pytest.fail(f"The real-weight tests need ../shared/assets/fetch: {error}")
+def assets(asset):
+    return {name: asset(name) for name in ("minilm", "smollm2")}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,37 @@
+"""Shapes and helpers the tests share. Fixtures live in the conftest.py files.
+
+Every unit test shrinks a registered model to a tiny shape; full-size models are
+exercised in benchmarks/ only.
+"""
+
+from pathlib import Path
+
+import keras
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The shape every unit test shrinks a registered model to.
+TINY = dict(num_layers=2, hidden_dim=64, num_heads=4, intermediate_dim=128, vocab_size=128)
+TINY_DEC = dict(TINY, num_kv_heads=2)  # grouped-query attention: 2 query heads per KV head
+# Recipes train a vocabulary of 512 on real text.
+TINY_RECIPE = dict(TINY, vocab_size=512)
+TINY_RECIPE_DEC = dict(TINY_RECIPE, num_kv_heads=2)
+
+
+def exact_gelu(backbone):
+    """keras-hub's BERT uses tanh-approximate GELU; the checkpoints (hidden_act='gelu') use erf."""
+    for i in range(backbone.num_layers):
+        backbone.get_layer(f"transformer_layer_{i}")._feedforward_intermediate_dense.activation = (
+            lambda z: keras.activations.gelu(z, approximate=False))
+    return backbone
+
+
+def tiny_recipe(recipe, steps=20, **changes):
+    """`recipe` shrunk to test size: 2 layers x 64, vocabulary 512, 32-token rows."""
+    import recipes
+
+    recipe = recipes.get(recipe)
+    shape = TINY_RECIPE_DEC if recipe.task == "causal_lm" else TINY_RECIPE
+    base = dict(model_overrides=shape, batch_size=8, sequence_length=32, accumulation_steps=1, steps=steps,
+                warmup_steps=2, log_every=10, checkpoint_every=10, shuffle_buffer=64, max_predictions=5)
+    return recipe.replace(**{**base, **changes})
