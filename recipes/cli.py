@@ -61,7 +61,7 @@ def _train(args):
         recipe, args.data, args.out_dir or f"runs/{args.model}", column=args.text_column,
         label_column=args.label_column, data_dir=args.data_dir, validation_every=args.validation_every,
     )
+    speed = None if math.isnan(result.tokens_per_second) else round(result.tokens_per_second, 1)
     print(json.dumps({"model": args.model, "steps": result.step, "final_loss": (result.history or [{}])[-1].get("loss"),
-                      "tokens_per_second": None if math.isnan(result.tokens_per_second) else round(result.tokens_per_second, 1),
-                      "peak_bytes": result.peak_bytes}))
+                      "tokens_per_second": speed, "peak_bytes": result.peak_bytes}))
     return 0

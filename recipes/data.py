@@ -146,7 +146,10 @@ def split(docs: tf.data.Dataset, every: int):
     if not every:
         return docs, None
     indexed = docs.enumerate()
-    strip = lambda i, row: row  # noqa: E731
+
+    def strip(i, row):
+        return row
+
     train = indexed.filter(lambda i, row: i % every != 0).map(strip)
     valid = indexed.filter(lambda i, row: i % every == 0).map(strip)
     return train, valid

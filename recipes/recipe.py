@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
 
 import zoo
 from zoo.registry import Registry
@@ -70,7 +69,7 @@ class Recipe:
     beta_2: float = 0.999
     epsilon: float = 1e-6
     weight_decay: float = 0.01  # never applied to norms and biases
-    clipnorm: Optional[float] = 1.0  # global gradient norm, as BERT / TinyLlama / HF Trainer clip
+    clipnorm: float | None = 1.0  # global gradient norm, as BERT / TinyLlama / HF Trainer clip
     # schedule: linear warmup from 0, then `decay` down to min_lr_ratio * learning_rate
     warmup_steps: int = 10_000
     steps: int = 1_000_000
@@ -83,7 +82,7 @@ class Recipe:
     # data
     mask_rate: float = 0.15  # mlm only
     max_predictions: int = 20  # mlm only: masked positions per sequence
-    vocabulary: Optional[str] = None  # tokenizer files; None: train one from the corpus
+    vocabulary: str | None = None  # tokenizer files; None: train one from the corpus
     lowercase: bool = True  # WordPiece (BERT uncased)
     shuffle_buffer: int = 10_000
     seed: int = 0
@@ -129,14 +128,14 @@ class Recipe:
     def tokens_per_step(self) -> int:
         return self.batch_size * self.accumulation_steps * self.sequence_length
 
-    def replace(self, **changes) -> "Recipe":
+    def replace(self, **changes) -> Recipe:
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - known)
         if unknown:
             raise ValueError(f"Unknown recipe field(s) {unknown}; valid fields: {', '.join(sorted(known))}.")
         return dataclasses.replace(self, **changes)
 
-    def with_steps(self, steps: int) -> "Recipe":
+    def with_steps(self, steps: int) -> Recipe:
         """The same schedule shape over `steps` updates: warmup keeps its fraction of the run."""
         warmup = round(self.warmup_steps * steps / self.steps)
         return self.replace(steps=steps, warmup_steps=min(warmup, steps))

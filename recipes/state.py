@@ -57,7 +57,8 @@ def check_compatible(out_dir, meta):
             f"(task {meta['task']!r}, {meta['spec']['num_layers']} layers x {meta['spec']['hidden_dim']}). "
             "Pass a new --out-dir to start a fresh run; nothing was changed."
         )
-    changed = sorted(k for k in set(old["recipe"]) | set(meta["recipe"]) if old["recipe"].get(k) != meta["recipe"].get(k))
+    keys = set(old["recipe"]) | set(meta["recipe"])
+    changed = sorted(k for k in keys if old["recipe"].get(k) != meta["recipe"].get(k))
     if changed:
         raise ValueError(
             f"out_dir {out_dir!r} holds a run of the same model with a different recipe (fields {changed} differ); "

@@ -31,11 +31,13 @@ def load(path, family, lowercase=True):
     if family == "bert":
         vocab = path if os.path.isfile(path) else os.path.join(path, WORDPIECE_FILE)
         if not os.path.isfile(vocab):
-            raise FileNotFoundError(f"No WordPiece vocabulary at {path!r}: expected a vocab.txt file or a folder with one.")
+            raise FileNotFoundError(
+                f"No WordPiece vocabulary at {path!r}: expected a vocab.txt file or a folder with one.")
         return keras_hub.tokenizers.WordPieceTokenizer(vocabulary=vocab, lowercase=lowercase, dtype="int32")
     vocab, merges = (os.path.join(path, name) for name in BPE_FILES)
     if not (os.path.isfile(vocab) and os.path.isfile(merges)):
-        raise FileNotFoundError(f"No byte-level BPE vocabulary at {path!r}: expected a folder with {' and '.join(BPE_FILES)}.")
+        raise FileNotFoundError(
+            f"No byte-level BPE vocabulary at {path!r}: expected a folder with {' and '.join(BPE_FILES)}.")
     return keras_hub.tokenizers.BytePairTokenizer(
         vocabulary=vocab, merges=merges, unsplittable_tokens=[EOS], dtype="int32"
     )

@@ -170,7 +170,8 @@ def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=Fal
         def serve_text(text):
             return serving(pack(text), training=False)
 
-        archive.add_endpoint(TEXT_SIGNATURE, serve_text, input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        text_spec = tf.TensorSpec([None], tf.string, name="text")
+        archive.add_endpoint(TEXT_SIGNATURE, serve_text, input_signature=[text_spec])
     with atomic_path(path, overwrite) as tmp:
         archive.write_out(str(tmp), verbose=False)
     return Path(path)
@@ -205,7 +206,8 @@ class ParityReport:
 
     def __str__(self):
         rows = [f"{self.path} ({self.quantize}, {self.size_bytes / 2**20:.1f} MiB), batch {self.batch_shape}"]
-        rows += [f"  {name:20s} max abs {o['max_abs']:.3g}  max rel {o['max_rel']:.3g}" for name, o in self.outputs.items()]
+        rows += [f"  {name:20s} max abs {o['max_abs']:.3g}  max rel {o['max_rel']:.3g}"
+                 for name, o in self.outputs.items()]
         return "\n".join(rows)
 
 

@@ -25,7 +25,8 @@ import numpy as np
 
 from zoo.files import atomic_path
 from zoo.models import build
-from zoo.registry import ModelSpec, names, spec as registered_spec
+from zoo.registry import ModelSpec, names
+from zoo.registry import spec as registered_spec
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ It is an estimate, meant to rank choices and to refuse a run that cannot fit;
 from dataclasses import asdict, dataclass
 
 from zoo.recompute import resolve
-from zoo.registry import ModelSpec, spec as lookup
+from zoo.registry import ModelSpec
+from zoo.registry import spec as lookup
 
 GiB = 1024**3
 

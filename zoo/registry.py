@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 FAMILIES = ("bert", "llama")
 # Keras dtype policies a model can be built with; "mixed_*" keep float32 weights.
@@ -34,8 +33,8 @@ class ModelSpec:
     num_heads: int
     intermediate_dim: int
     max_sequence_length: int
-    num_kv_heads: Optional[int] = None  # None: as many as query heads (resolved on construction)
-    head_dim: Optional[int] = None  # None: hidden_dim // num_heads (resolved on construction)
+    num_kv_heads: int | None = None  # None: as many as query heads (resolved on construction)
+    head_dim: int | None = None  # None: hidden_dim // num_heads (resolved on construction)
     num_segments: int = 2  # BERT token types; unused by llama
     dropout: float = 0.0
     layer_norm_epsilon: float = 1e-12
@@ -100,7 +99,7 @@ class ModelSpec:
         return dataclasses.asdict(self)
 
     # Parameter count ----------------------------------------------------------
-    def num_params(self, task: Optional[str] = None, num_classes: int = 2) -> int:
+    def num_params(self, task: str | None = None, num_classes: int = 2) -> int:
         """Parameters of the model `zoo.get` builds for `task`, without building it."""
         task = task or self.default_task
         h, f, v = self.hidden_dim, self.intermediate_dim, self.vocab_size

@@ -16,6 +16,7 @@ import pytest
 
 from tools.assets import CACHE, AssetUnavailable, fetch
 
+
 def _atomic_csv(path, header, rows):
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
     with open(tmp, "w", newline="", encoding="utf-8") as f:

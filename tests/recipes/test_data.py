@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pytest
-from tests.common import tiny_recipe
 
 from recipes import data, vocab
+from tests.common import tiny_recipe
 
 WORDS = "the cat sat on a mat while dogs ran far away from home and birds sang".split()
 
@@ -116,8 +116,11 @@ def test_skip_resumes_at_the_same_batch(tmp_path, recipes_tokenizers):
     recipe = tiny_recipe("classify", batch_size=2, sequence_length=12, shuffle_buffer=32)
     docs = data.documents(str(path), label_column="label")
     tok = recipes_tokenizers["bert"]
-    stream = lambda skip: [x["token_ids"].numpy() for x, _ in data.pipeline(  # noqa: E731
-        recipe, tok, docs, ["a", "b"], skip=skip).take(130 - skip)]
+
+    def stream(skip):
+        batches = data.pipeline(recipe, tok, docs, ["a", "b"], skip=skip).take(130 - skip)
+        return [x["token_ids"].numpy() for x, _ in batches]
+
     full, resumed = stream(0), stream(97)  # past the first epoch (60 batches): reshuffled
     assert len({r.tobytes() for r in full}) > 100  # shuffled rows, not a constant
     assert any(not np.array_equal(a, b) for a, b in zip(full[:60], full[60:120]))  # reshuffled

@@ -15,10 +15,10 @@ import subprocess
 import sys
 
 import numpy as np
-from tests.common import REPO, tiny_recipe
 from safetensors.numpy import load_file
 
 from recipes import state
+from tests.common import REPO, tiny_recipe
 
 SCRIPT = """
 import json, os, signal, sys

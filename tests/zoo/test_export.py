@@ -92,7 +92,8 @@ FRESH_PROCESS = textwrap.dedent("""
     except tf.errors.InvalidArgumentError as e:
         error = e.message
     np.savez(OUTPUTS, **out)
-    print(json.dumps({"error": error, "zoo_imported": any(m.split(".")[0] in ("zoo", "keras_hub") for m in sys.modules)}))
+    imported = any(m.split(".")[0] in ("zoo", "keras_hub") for m in sys.modules)
+    print(json.dumps({"error": error, "zoo_imported": imported}))
 """)
 
 
@@ -116,7 +117,8 @@ def served(request, tmp_path_factory, tokenizer):
     batch = batch_for(model)
     arrays = {"serving_default": batch, export.TEXT_SIGNATURE: {"text": np.array(TEXTS, dtype=object)}}
     requests = {name: predict_request(name, signatures[name], arrays[name]) for name in arrays}
-    flat = {f"{name}/{key}": tf.make_ndarray(tensor) for name, r in requests.items() for key, tensor in r.inputs.items()}
+    flat = {f"{name}/{key}": tf.make_ndarray(tensor)
+            for name, r in requests.items() for key, tensor in r.inputs.items()}
     flat = {k: v.astype(bytes) if v.dtype == object else v for k, v in flat.items()}  # strings, without pickle
     np.savez(tmp / "inputs.npz", **flat)
     script = (f"import json\nPATH, INPUTS, OUTPUTS, LIMIT, TEXT = {str(path)!r}, {str(tmp / 'inputs.npz')!r}, "
@@ -124,7 +126,10 @@ def served(request, tmp_path_factory, tokenizer):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("PYTHONPATH", None)  # the fresh process must not see the project
     cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
-    run = lambda args: subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
+
+    def run(args):
+        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
+
     fresh, shown = run([sys.executable, "-c", script]), run([cli, "show", "--dir", str(path), "--all"])
     (out, err), (cli_out, cli_err) = fresh.communicate(timeout=300), shown.communicate(timeout=300)
     assert fresh.returncode == 0, err[-3000:]
@@ -187,9 +192,9 @@ def test_saved_model_cli_lists_signatures(served):
         assert f"inputs['{name}'] tensor_info:\n        dtype: DT_INT32\n        shape: (-1, -1)" in text
     assert "inputs['text'] tensor_info:\n        dtype: DT_STRING\n        shape: (-1)" in text
     hidden, vocab = TINY["hidden_dim"], TINY["vocab_size"]
-    expected = {"bert": {"sequence_output": "(-1, -1, %d)" % hidden, "pooled_output": "(-1, %d)" % hidden,
+    expected = {"bert": {"sequence_output": f"(-1, -1, {hidden})", "pooled_output": f"(-1, {hidden})",
                          "logits": "(-1, 3)"},
-                "llama": {"next_token_logits": "(-1, %d)" % vocab}}[served["family"]]
+                "llama": {"next_token_logits": f"(-1, {vocab})"}}[served["family"]]
     for name, shape in expected.items():
         assert f"outputs['{name}'] tensor_info:\n        dtype: DT_FLOAT\n        shape: {shape}" in text
 
@@ -242,7 +247,7 @@ def test_checkpointed_model_exports_the_same_graph(tmp_path):
     assert checkpointed.checkpointing == "full"
     a = export.saved_model(plain, tmp_path / "plain")
     b = export.saved_model(checkpointed, tmp_path / "full")
-    (ops_a, graph_a), (ops_b, graph_b) = op_types(a), op_types(b)
+    (ops_a, _), (ops_b, graph_b) = op_types(a), op_types(b)
     assert ops_a == ops_b
     assert b"recompute" not in graph_b.lower()
     batch = batch_for(plain)

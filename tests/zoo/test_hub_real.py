@@ -18,10 +18,9 @@ import pytest
 from safetensors import safe_open
 
 import zoo
+from tests.common import exact_gelu
 from zoo import hub
 from zoo.generation import generate
-
-from tests.common import exact_gelu
 
 pytestmark = pytest.mark.slow  # real assets: deselect with -m "not slow"
 

@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 import zoo
-from zoo import recompute
 from tests.common import TINY, TINY_DEC
+from zoo import recompute
 
 FAMILIES = {"enc-base": dict(TINY, dropout=0.1), "dec-base": dict(TINY_DEC, dropout=0.1)}
 BATCH, SEQ = 2, 16

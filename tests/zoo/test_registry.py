@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import zoo
-from zoo import models as zoo_models
 from tests.common import TINY, TINY_DEC
+from zoo import models as zoo_models
 
 # DESIGN.md's reference parameter counts for the ladder.
 REFERENCE = {
@@ -105,7 +105,8 @@ def test_config_round_trip_keeps_spec_and_policy():
     assert clone.count_params() == model.count_params()
 
 
-@pytest.mark.parametrize("name, task", [("enc-base", "masked_lm"), ("enc-base", "classifier"), ("dec-base", "causal_lm")])
+@pytest.mark.parametrize("name, task",
+                         [("enc-base", "masked_lm"), ("enc-base", "classifier"), ("dec-base", "causal_lm")])
 def test_keras_format_round_trip_under_mixed_precision(name, task, tmp_path):
     import keras
 

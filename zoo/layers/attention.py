@@ -51,13 +51,9 @@ class Attention(keras.layers.Layer):
         super().__init__(**kwargs)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.use_bias, self.rotary_theta, self.dropout = use_bias, rotary_theta, dropout
-        dense = lambda units, name: keras.layers.Dense(  # noqa: E731
-            units, use_bias=use_bias, name=name, dtype=self.dtype_policy,
-            kernel_initializer=init(),
-        )
-        self.query_dense = dense(num_heads * head_dim, "query")
-        self.key_dense = dense(num_kv_heads * head_dim, "key")
-        self.value_dense = dense(num_kv_heads * head_dim, "value")
+        self.query_dense = self._dense(num_heads * head_dim, "query")
+        self.key_dense = self._dense(num_kv_heads * head_dim, "key")
+        self.value_dense = self._dense(num_kv_heads * head_dim, "value")
         self.output_dense = None  # built in build(): needs the model width
         self.rotary = None
         if rotary_theta is not None:
@@ -65,14 +61,16 @@ class Attention(keras.layers.Layer):
 
             self.rotary = RotaryEmbedding(max_wavelength=rotary_theta, dtype=self.dtype_policy, name="rotary")
 
+    def _dense(self, units, name):
+        return keras.layers.Dense(
+            units, use_bias=self.use_bias, name=name, dtype=self.dtype_policy, kernel_initializer=init()
+        )
+
     def build(self, input_shape):
         hidden = input_shape[-1]
         for layer in (self.query_dense, self.key_dense, self.value_dense):
             layer.build(input_shape)
-        self.output_dense = keras.layers.Dense(
-            hidden, use_bias=self.use_bias, name="output", dtype=self.dtype_policy,
-            kernel_initializer=init(),
-        )
+        self.output_dense = self._dense(hidden, "output")
         self.output_dense.build(tuple(input_shape[:-1]) + (self.num_heads * self.head_dim,))
 
     def _heads(self, x, n):

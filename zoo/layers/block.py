@@ -9,12 +9,11 @@ happens when training: inference graphs never contain the wrapper.
 """
 
 import keras
-from keras import ops
 
-from zoo.recompute import recompute, resolve
 from zoo.layers.attention import Attention
 from zoo.layers.dropout import stateless_dropout
 from zoo.layers.feedforward import FeedForward
+from zoo.recompute import recompute, resolve
 
 
 class TransformerBlock(keras.layers.Layer):

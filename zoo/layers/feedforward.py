@@ -14,13 +14,14 @@ class FeedForward(keras.layers.Layer):
     def __init__(self, intermediate_dim, gated=False, **kwargs):
         super().__init__(**kwargs)
         self.intermediate_dim, self.gated = intermediate_dim, gated
-        dense = lambda units, name: keras.layers.Dense(  # noqa: E731
-            units, use_bias=not gated, kernel_initializer=init(), name=name, dtype=self.dtype_policy
-        )
-        self.up = dense(intermediate_dim, "up")
-        self.gate = dense(intermediate_dim, "gate") if gated else None
-        self._dense = dense
+        self.up = self._dense(intermediate_dim, "up")
+        self.gate = self._dense(intermediate_dim, "gate") if gated else None
         self.down = None
+
+    def _dense(self, units, name):
+        return keras.layers.Dense(
+            units, use_bias=not self.gated, kernel_initializer=init(), name=name, dtype=self.dtype_policy
+        )
 
     def build(self, input_shape):
         self.up.build(input_shape)
