@@ -11,8 +11,8 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-from recipes.optim import WarmupDecay, optimizer, schedule  # noqa: E402
-from recipes.recipe import Recipe, get, names, register  # noqa: E402
-from recipes.runner import Result, build, run  # noqa: E402
+from recipes.optim import WarmupDecay, optimizer, schedule
+from recipes.recipe import Recipe, get, names, register
+from recipes.runner import Result, build, run
 
 __all__ = ["Recipe", "Result", "WarmupDecay", "build", "get", "names", "optimizer", "register", "run", "schedule"]

@@ -37,7 +37,7 @@ a single small machine; the registered recipes keep their token count per update
 where it is small enough and say otherwise in `notes`.
 
 Precision defaults to `mixed_bfloat16` (the references trained in float32 or bf16
-on TPUs/GPUs; on this stack it was the fastest policy measured, DESIGN.md).
+on TPUs/GPUs; on this stack it was the fastest policy measured, docs/design-notes.md).
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ def build(recipe, num_classes=None):
     model.compile(
         optimizer=optim.optimizer(recipe, model),
         loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
-        jit_compile=False,  # XLA was slower and larger on CPU (DESIGN.md)
+        jit_compile=False,  # XLA was slower and larger on CPU (docs/design-notes.md)
     )
     return model
 

@@ -3,10 +3,10 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-import keras  # noqa: E402  (after the backend is chosen)
-import pytest  # noqa: E402
+import keras
+import pytest
 
-from tools.assets import AssetUnavailable, fetch  # noqa: E402
+from tools.assets import AssetUnavailable, fetch
 
 
 @pytest.fixture(autouse=True)

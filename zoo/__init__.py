@@ -8,9 +8,9 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 # Importing the models registers their classes, so keras.models.load_model works after `import zoo`.
-from zoo import models  # noqa: E402
-from zoo.recompute import POLICIES  # noqa: E402
-from zoo.registry import PRECISIONS, ModelSpec, names, register, spec  # noqa: E402
+from zoo import models
+from zoo.recompute import POLICIES
+from zoo.registry import PRECISIONS, ModelSpec, names, register, spec
 
 __version__ = "0.1.0"
 

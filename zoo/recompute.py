@@ -5,7 +5,7 @@ which save weights to disk.
 
 `keras.RematScope`/`keras.remat` are unusable on TensorFlow (they crash in
 `tf.function`/`fit`/XLA and drop gradients of keyword arguments in eager mode;
-see docs/DESIGN-NOTES.md). `tf.recompute_grad` is exact everywhere as long as the
+see docs/design-notes.md). `tf.recompute_grad` is exact everywhere as long as the
 function it wraps takes its tensors positionally, so that is the one wrapper used
 here: everything else a recomputed function needs (masks, seeds, flags) is
 captured in a closure.

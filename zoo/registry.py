@@ -179,7 +179,7 @@ def _llama(num_layers, hidden, heads, kv_heads, ffn, vocab, max_len, theta, tied
     )
 
 
-# The ladder (DESIGN.md). Names are stable API.
+# The ladder (docs/design-notes.md). Names are stable API.
 register("enc-mini", _bert(6, 384, 12, 1536, "all-MiniLM-L6-v2 shape"))
 register("enc-base", _bert(12, 768, 12, 3072, "BERT-base shape"))
 register("enc-large", _bert(24, 1024, 16, 4096, "BERT-large shape"))

@@ -7,7 +7,7 @@ import zoo
 from tests.common import TINY, TINY_DEC
 from zoo import models as zoo_models
 
-# DESIGN.md's reference parameter counts for the ladder.
+# docs/design-notes.md's reference parameter counts for the ladder.
 REFERENCE = {
     "enc-mini": 22.7e6, "enc-base": 110e6, "enc-large": 335e6, "enc-1b": 0.98e9,
     "dec-base": 135e6, "dec-large": 362e6, "dec-1b": 1.10e9,
