@@ -144,10 +144,24 @@ def text_packer(model, tokenizer, sequence_length):
 def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=False) -> Path:
     """Write `model`'s inference graph as a SavedModel for TF Serving.
 
-    Signatures: `serving_default` (token ids in, see the module docstring), and with
-    `tokenizer` (a keras-hub tokenizer) also `text` (a batch of strings in; packed
-    to `sequence_length`). Token-id inputs longer than `sequence_length` (default:
-    the model's maximum) are refused at serving time with an error naming the limit.
+    The graph is the inference one (`training=False`), so no recomputation wrapper
+    is exported whatever the model's checkpointing policy, and outputs are float32.
+
+    Args:
+        model: a zoo model (`zoo.get(...)` or `keras.models.load_model("x.keras")`).
+        path: the SavedModel folder (TF Serving expects `.../NAME/VERSION`).
+        sequence_length: the longest token-id input served (default: the model's
+            maximum); longer inputs are refused at serving time, naming the limit.
+        tokenizer: a keras-hub tokenizer; adds the `text` signature (strings in,
+            tokenized and packed in the graph; loading it needs `tensorflow_text`).
+        overwrite: replace an existing export at `path`.
+
+    Returns:
+        `path`, written atomically (an earlier export survives a failed one).
+
+    Example:
+    >>> model = zoo.get("enc-base", task="classifier", num_classes=3)
+    >>> export.saved_model(model, "exports/enc-base/1", sequence_length=128)
     """
     serving = serving_model(model)
     length = _exported_length(model, sequence_length)
@@ -267,12 +281,25 @@ def run_tflite(path, inputs: dict) -> dict:
 
 
 def tflite(model, path, quantize=None, batch_size=1, sequence_length=128, overwrite=False) -> ParityReport:
-    """Write `model`'s inference graph as a .tflite file with fixed input shapes
-    [batch_size, sequence_length], built-in ops only, and check it.
+    """Write `model`'s inference graph as a .tflite file and check it against Keras.
 
-    quantize: None (float32), "float16" (float16 weights) or "int8" (dynamic-range:
-    int8 weights, float activations; no calibration data needed).
-    Returns the parity report of the file, run with ai_edge_litert, against Keras.
+    The file has fixed input shapes [batch_size, sequence_length] and built-in ops
+    only; tokenization stays outside it.
+
+    Args:
+        model: a zoo model.
+        path: the .tflite file, written atomically.
+        quantize: None (float32), "float16" (float16 weights) or "int8" (dynamic
+            range: int8 weights, float activations; no calibration data needed).
+        batch_size, sequence_length: the fixed input shape.
+        overwrite: replace an existing file at `path`.
+
+    Returns:
+        A `ParityReport`: the file run with ai_edge_litert against Keras, per output.
+
+    Example:
+    >>> report = export.tflite(zoo.get("enc-base"), "enc-base-int8.tflite", quantize="int8")
+    >>> report.max_rel
     """
     if quantize not in (None, *QUANTIZATIONS):
         raise ValueError(f"Unknown quantization {quantize!r}; use None, {', '.join(map(repr, QUANTIZATIONS))}.")
