@@ -8,7 +8,7 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 # Importing the models registers their classes, so keras.models.load_model works after `import zoo`.
-from zoo import models
+from zoo import export, generation, hub, memory, models
 from zoo.recompute import POLICIES
 from zoo.registry import PRECISIONS, ModelSpec, names, register, spec
 
@@ -39,12 +39,13 @@ def get(name, checkpointing=None, dtype=None, task=None, weights=None, **overrid
     'selective'
     """
     if weights is not None:
-        from zoo import hub
-
         return hub.load(weights, task=task, checkpointing=checkpointing, dtype=dtype, name=name, **overrides)
     task_args = {k: overrides.pop(k) for k in ("num_classes",) if k in overrides}
     model_spec = spec(name).replace(**overrides) if overrides else spec(name)
     return models.build(model_spec, task=task, checkpointing=checkpointing, dtype=dtype, **task_args)
 
 
-__all__ = ["POLICIES", "PRECISIONS", "ModelSpec", "get", "names", "register", "spec"]
+__all__ = [
+    "POLICIES", "PRECISIONS", "ModelSpec", "export", "generation", "get", "hub", "memory", "models", "names",
+    "register", "spec",
+]

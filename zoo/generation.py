@@ -72,7 +72,7 @@ def _uncached_decode(model, sampler):
 
 
 def _encode(prompt, tokenizer):
-    """Prompt (str, list of str, or token ids) -> int32 [B, P] and whether it was text."""
+    """Prompt (str, list of str, or token ids) -> a list of int32 rows and whether it was text."""
     if isinstance(prompt, str) or (isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], str)):
         if tokenizer is None:
             raise ValueError("A text prompt needs a tokenizer: load the model with zoo.hub.load "
@@ -83,45 +83,131 @@ def _encode(prompt, tokenizer):
     else:
         rows = [np.asarray(prompt).reshape(-1)] if np.ndim(prompt[0]) == 0 else [np.asarray(r) for r in prompt]
         text = False
-    lengths = {len(r) for r in rows}
-    if len(lengths) != 1 or 0 in lengths:
-        raise ValueError(f"Prompts must be non-empty and of equal length in tokens, got lengths {sorted(lengths)}; "
-                         "generate them one at a time or batch prompts of the same length.")
-    return np.stack(rows).astype("int32"), text
+    if any(len(r) == 0 for r in rows):
+        raise ValueError("Prompts must be non-empty; got an empty prompt (no tokens).")
+    return [r.astype("int32") for r in rows], text
+
+
+def _check_length(model, longest, max_new_tokens):
+    limit = model.spec.max_sequence_length
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+    if longest + max_new_tokens > limit:
+        raise ValueError(f"The prompt ({longest} tokens) plus max_new_tokens ({max_new_tokens}) is "
+                         f"{longest + max_new_tokens} positions, more than the model's {limit}; "
+                         f"shorten the prompt or ask for at most {max(limit - longest, 0)} new tokens.")
 
 
 def generate(model, prompt, max_new_tokens=32, sampler="greedy", seed=None, tokenizer=None, use_cache=True,
-             stop_token_ids=None, compile=True, **sampler_args):
-    """Continue `prompt` by `max_new_tokens` tokens.
+             stop_token_ids=None, compile=True, jit_compile=False, **sampler_args):
+    """Continue each prompt by `max_new_tokens` tokens.
 
-    prompt: a string, a list of strings (of equal token length) or token ids [B, P].
-    sampler: "greedy" | "top_k" | "top_p" (top_k=, top_p=, temperature=) or a keras-hub sampler.
-    seed: fixes the draws of a random sampler (same seed, same text).
-    compile: trace the loop with tf.function (once per shape; tens of seconds for a 30-layer
-    model on CPU, then fast); False runs the same loop eagerly, quicker for a few tokens.
-    Returns the full text(s) for text prompts, else int32 token ids [B, P + max_new_tokens].
+    Prompts of different lengths are batched as keras-hub does: right-padded in one
+    buffer, with a mask that keeps each row's own prompt tokens; the loop starts at
+    the shortest prompt, so every row sees exactly its own positions and greedy
+    outputs equal each prompt generated alone.
+
+    Args:
+        model: a decoder language model (`zoo.get("dec-...")` or `zoo.hub.load`).
+        prompt: a string, a list of strings, or token ids ([P] or a list of rows).
+        max_new_tokens: how many tokens to add to each prompt.
+        sampler: "greedy", "top_k" (top_k=), "top_p" (top_p=), "temperature"
+            (temperature=), or a keras-hub `Sampler`.
+        seed: fixes the draws of a random sampler (same seed, same text).
+        tokenizer: for text prompts; default: the model's `tokenizer` attribute.
+        use_cache: run each new token against a key/value cache (False reruns the prefix).
+        stop_token_ids: token ids after which a row's generation is cut.
+        compile: trace the loop with tf.function (once per shape; tens of seconds for a
+            30-layer model on CPU, then fast); False runs the same loop eagerly.
+        jit_compile: refused: XLA needs static shapes that the loop does not have.
+
+    Returns:
+        The full text(s) for text prompts; else int32 token ids [B, longest + max_new_tokens],
+        where row i holds its prompt, its `max_new_tokens` new tokens, then zeros.
+
+    Example:
+    >>> generate(model, ["The capital of France is", "Once upon a"], max_new_tokens=8)
+    """
+    if jit_compile:
+        raise ValueError("generate(jit_compile=True) is not supported: XLA needs static shapes, and the decode "
+                         "loop's prompt length and cache index are dynamic. Use compile=True (a TF graph).")
+    _check_decoder(model)
+    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    rows, text = _encode(prompt, tokenizer)
+    lengths = [len(r) for r in rows]
+    max_new_tokens = int(max_new_tokens)
+    _check_length(model, max(lengths), max_new_tokens)
+    total = max(lengths) + max_new_tokens
+    buffer = np.zeros((len(rows), total), "int32")
+    mask = np.zeros((len(rows), total), bool)
+    for i, row in enumerate(rows):
+        buffer[i, :len(row)] = row
+        mask[i, :len(row)] = True
+    run = _compiled(model, sampler, seed, use_cache, sampler_args)
+    run = run if compile else run.python_function
+    out = np.array(run(tf.constant(buffer), tf.constant(mask), tf.constant(min(lengths), tf.int32)))
+    ends = _ends(out, lengths, max_new_tokens, stop_token_ids)
+    for row, end in zip(out, ends):  # a shorter prompt ran further, a stop token ends a row: pad with 0
+        row[end:] = 0
+    if not text:
+        return out
+    texts = [_detokenize(tokenizer, row[:end]) for row, end in zip(out, ends)]
+    return texts[0] if isinstance(prompt, str) else texts
+
+
+def stream(model, prompt, max_new_tokens=32, sampler="greedy", seed=None, tokenizer=None,
+           stop_token_ids=None, **sampler_args):
+    """Yield one prompt's new tokens as they are generated (what `zoo generate` prints).
+
+    The same cache and sampler as `generate`, one position per compiled step, so greedy
+    tokens equal `generate`'s.
+
+    Args:
+        model, prompt, max_new_tokens, sampler, seed, tokenizer, stop_token_ids: as `generate`,
+            for a single prompt.
+        **sampler_args: the sampler's options (top_k=, top_p=, temperature=).
+
+    Yields:
+        Each new token id (an int), stopping after a stop token.
+
+    Example:
+    >>> for token in stream(model, "Once upon a time", 16):
+    ...     print(model.tokenizer.detokenize([token]), end="")
     """
     _check_decoder(model)
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    ids, text = _encode(prompt, tokenizer)
-    batch, length = ids.shape
-    total = length + int(max_new_tokens)
-    if max_new_tokens < 1 or total > model.spec.max_sequence_length:
-        raise ValueError(f"max_new_tokens must be >= 1 and prompt + new tokens ({total}) <= the model's "
-                         f"{model.spec.max_sequence_length} positions.")
-    buffer = np.zeros((batch, total), "int32")
-    buffer[:, :length] = ids
-    mask = np.zeros((batch, total), bool)
-    mask[:, :length] = True
-    run = _compiled(model, sampler, seed, use_cache, sampler_args)
-    run = run if compile else run.python_function
-    out = np.asarray(run(tf.constant(buffer), tf.constant(mask), tf.constant(length, tf.int32)))
-    if stop_token_ids is not None:
-        out = _cut_at_stop(out, length, stop_token_ids)
-    if not text:
-        return out
-    texts = [_detokenize(tokenizer, row) for row in out]
-    return texts[0] if isinstance(prompt, str) else texts
+    rows, _ = _encode(prompt, tokenizer)
+    if len(rows) != 1:
+        raise ValueError(f"stream() takes one prompt, got {len(rows)}; use generate() for a batch.")
+    (ids,) = rows
+    _check_length(model, len(ids), int(max_new_tokens))
+    sampler_obj = make_sampler(sampler, seed=seed, **sampler_args)
+    total = len(ids) + int(max_new_tokens)
+    step = _step_function(model)
+    cache = model.init_cache(1, total)
+    logits, cache = step(tf.constant(ids[None]), cache, tf.constant(0, tf.int32))
+    stops = set(stop_token_ids or ())
+    for index in range(len(ids), total):
+        probabilities = sampler_obj.compute_probabilities(logits[:, -1])
+        token = int(np.asarray(sampler_obj.get_next_token(probabilities)).reshape(-1)[0])
+        yield token
+        if token in stops or index + 1 == total:
+            return
+        logits, cache = step(tf.constant([[token]], tf.int32), cache, tf.constant(index, tf.int32))
+
+
+def _step_function(model):
+    """call_with_cache as one traced graph per input shape (cached on the model)."""
+    fns = model.__dict__.setdefault("_zoo_generate", {})  # plain attribute: not tracked by Keras
+    if "step" not in fns:
+
+        @tf.function(reduce_retracing=True, autograph=False)
+        def step(tokens, cache, index):
+            logits, _, cache = model.call_with_cache(tokens, cache, index)
+            return logits, cache
+
+        fns["step"] = step
+    return fns["step"]
 
 
 def _compiled(model, sampler, seed, use_cache, sampler_args):
@@ -141,14 +227,14 @@ def _compiled(model, sampler, seed, use_cache, sampler_args):
     return run
 
 
-def _cut_at_stop(out, length, stop_token_ids):
-    """Replace everything after the first generated stop token by the stop token's padding (0)."""
-    out = out.copy()
-    for row in out:
-        hits = np.flatnonzero(np.isin(row[length:], stop_token_ids))
-        if hits.size:
-            row[length + hits[0] + 1:] = 0
-    return out
+def _ends(out, lengths, max_new_tokens, stop_token_ids):
+    """Where each row's output ends: its own max_new_tokens, or just after its first generated stop token."""
+    ends = []
+    for row, length in zip(out, lengths):
+        new = row[length:length + max_new_tokens]
+        hits = np.flatnonzero(np.isin(new, stop_token_ids)) if stop_token_ids is not None else []
+        ends.append(length + (hits[0] + 1 if len(hits) else max_new_tokens))
+    return ends
 
 
 def _detokenize(tokenizer, ids):

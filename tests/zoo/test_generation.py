@@ -102,9 +102,7 @@ def test_bad_calls_are_refused(model):
         generate(zoo.get("enc-mini", num_layers=1, hidden_dim=32, num_heads=4, intermediate_dim=32), PROMPT, 2)
     with pytest.raises(ValueError, match="needs a tokenizer"):
         generate(model, "hello", 2)
-    with pytest.raises(ValueError, match="<= the model's 48 positions"):
+    with pytest.raises(ValueError, match="more than the model's 48"):
         generate(model, PROMPT, 44)
-    with pytest.raises(ValueError, match="equal length"):
-        generate(model, [[1, 2, 3], [4, 5]], 2)
     with pytest.raises(ValueError, match="Unknown sampler"):
         generate(model, PROMPT, 2, sampler="beam")

@@ -7,6 +7,7 @@ config is the spec itself, so a saved model rebuilds the same shape.
 """
 
 import keras
+import numpy as np
 
 from zoo.layers.block import TransformerBlock
 from zoo.recompute import resolve
@@ -87,6 +88,14 @@ class ZooModel(keras.Model):
             if hasattr(self, attr):
                 setattr(self, attr, None)
         return policy
+
+    def __call__(self, inputs, *args, **kwargs):
+        if isinstance(inputs, dict) and "segment_ids" in self.input and "segment_ids" not in inputs:
+            # One-segment inputs, as Hugging Face defaults token_type_ids to zeros.
+            ids = inputs["token_ids"]
+            zeros = np.zeros_like(ids) if isinstance(ids, np.ndarray) else keras.ops.zeros_like(ids)
+            inputs = {**inputs, "segment_ids": zeros}
+        return super().__call__(inputs, *args, **kwargs)
 
     def call(self, inputs, training=None, mask=None):
         self.check_inputs(inputs)
