@@ -1,4 +1,4 @@
-"""`zoo` on the command line: list | info | plan | export, plus the commands other
+"""`zoo` on the command line: list | info | plan | export | generate, plus the commands other
 packages register under the `zoo.commands` entry-point group (recipes adds `train`).
 
 Each command module exposes `register(subparsers)`, which adds its parser and
@@ -11,9 +11,9 @@ import argparse
 import sys
 from importlib.metadata import entry_points
 
-from zoo.cli import catalog, export, plan
+from zoo.cli import catalog, export, generate, plan
 
-COMMANDS = (catalog, plan, export)
+COMMANDS = (catalog, plan, export, generate)
 
 
 def build_parser():

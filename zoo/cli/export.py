@@ -2,29 +2,13 @@
 
 from pathlib import Path
 
-import keras
-
-import zoo
 from zoo import export
-
-
-def load(model_or_checkpoint, task=None):
-    """A registered model name (random weights, for trying) or a saved .keras file."""
-    if str(model_or_checkpoint).endswith(".keras"):
-        if not Path(model_or_checkpoint).is_file():
-            raise FileNotFoundError(f"No model file at {model_or_checkpoint}.")
-        return keras.models.load_model(model_or_checkpoint)
-    if model_or_checkpoint not in zoo.names():
-        raise ValueError(
-            f"{model_or_checkpoint!r} is neither a registered model ({', '.join(zoo.names())}) "
-            "nor a .keras file."
-        )
-    return zoo.get(model_or_checkpoint, task=task)
+from zoo.loading import load
 
 
 def _export(args):
     model = load(args.model, task=args.task)
-    stem = Path(args.model).stem if args.model.endswith(".keras") else args.model
+    stem = Path(args.model.rstrip("/")).stem
     if args.format == "saved_model":
         if args.quantize:
             raise ValueError("--quantize applies to --format tflite only; a SavedModel keeps the model's weights.")
@@ -34,18 +18,18 @@ def _export(args):
 
             tokenizer = WordPieceTokenizer(vocabulary=args.vocabulary, lowercase=args.lowercase)
         path = export.saved_model(model, args.output or f"{stem}_saved_model", sequence_length=args.sequence_length,
-                           tokenizer=tokenizer, overwrite=args.overwrite)
+                                  tokenizer=tokenizer, overwrite=args.overwrite)
         print(f"wrote {path}")
     else:
         report = export.tflite(model, args.output or f"{stem}.tflite", quantize=args.quantize,
-                        sequence_length=args.sequence_length or 128, overwrite=args.overwrite)
+                               sequence_length=args.sequence_length or 128, overwrite=args.overwrite)
         print(report)
     return 0
 
 
 def register(subparsers):
     p = subparsers.add_parser("export", help="write a SavedModel (TF Serving) or a .tflite file (devices)")
-    p.add_argument("model", help="a registered model name or a .keras file")
+    p.add_argument("model", help="a registered name, a .keras file, a training run folder or a Hugging Face folder")
     p.add_argument("--format", required=True, choices=export.FORMATS)
     p.add_argument("--quantize", choices=export.QUANTIZATIONS, default=None, help="tflite only")
     p.add_argument("--output", "-o", default=None, help="default: MODEL_saved_model/ or MODEL.tflite")
