@@ -13,6 +13,10 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from recipes.optim import WarmupDecay, optimizer, schedule
 from recipes.recipe import Recipe, get, names, register
+from recipes.evaluate import Evaluation, evaluate
 from recipes.runner import Result, build, run
 
-__all__ = ["Recipe", "Result", "WarmupDecay", "build", "get", "names", "optimizer", "register", "run", "schedule"]
+__all__ = [
+    "Evaluation", "Recipe", "Result", "WarmupDecay", "build", "evaluate", "get", "names", "optimizer", "register",
+    "run", "schedule",
+]

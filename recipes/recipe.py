@@ -46,6 +46,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import zoo
+from recipes import pretrained
 from zoo.registry import Registry
 
 # A recipe trains one task head of zoo's (zoo.models.TASKS); the backbone alone is not trained.
@@ -59,8 +60,9 @@ class Recipe:
     """One training run's choices; see the module docstring for the sources."""
 
     task: str
-    model: str
+    model: str | None  # a registered name; None: the shape of `weights`
     model_overrides: dict = field(default_factory=dict)
+    weights: str | None = None  # a Hugging Face folder or Hub repo id to start from (recipes.pretrained)
     precision: str = "mixed_bfloat16"
     checkpointing: str = "none"  # activation recomputation policy (zoo.recompute)
     # AdamW
@@ -82,7 +84,7 @@ class Recipe:
     # data
     mask_rate: float = 0.15  # mlm only
     max_predictions: int = 20  # mlm only: masked positions per sequence
-    vocabulary: str | None = None  # tokenizer files; None: train one from the corpus
+    vocabulary: str | None = None  # tokenizer files; None: the weights' tokenizer, or one trained on the corpus
     lowercase: bool = True  # WordPiece (BERT uncased)
     shuffle_buffer: int = 10_000
     seed: int = 0
@@ -113,16 +115,28 @@ class Recipe:
         check(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}.")
         check(self.clipnorm is None or self.clipnorm > 0, f"clipnorm must be positive or None, got {self.clipnorm}.")
         check(0.0 < self.mask_rate < 1.0, f"mask_rate must be in (0, 1), got {self.mask_rate}.")
-        family = zoo.spec(self.model).family  # raises for an unknown model
+        if self.weights is None:
+            check(self.model is not None, "A recipe needs a registered model name, or weights= to start from.")
+        else:
+            check(self.vocabulary is None, "weights= brings the checkpoint's own tokenizer; drop vocabulary=.")
+            if self.model is not None:
+                pretrained.check_shape(self.weights, self.model)
+        family = self.spec.family  # raises for an unknown model
         want = "llama" if self.task == "causal_lm" else "bert"
-        check(family == want, f"Task {self.task!r} needs a {want} model; {self.model!r} is a {family} model.")
+        check(family == want, f"Task {self.task!r} needs a {want} model; {self.name!r} is a {family} model.")
 
     # -------------------------------------------------------------------------
     @property
     def spec(self) -> zoo.ModelSpec:
         """The model's spec after `model_overrides` (num_classes is a task argument)."""
         overrides = {k: v for k, v in self.model_overrides.items() if k != "num_classes"}
-        return zoo.spec(self.model).replace(**overrides)
+        base = pretrained.checkpoint(self.weights).spec if self.weights else zoo.spec(self.model)
+        return base.replace(**overrides)
+
+    @property
+    def name(self) -> str:
+        """The model, as messages name it: its registered name, or the weights it starts from."""
+        return self.model or self.weights
 
     @property
     def tokens_per_step(self) -> int:
@@ -148,16 +162,41 @@ _RECIPES = Registry("recipe", Recipe)
 register, names = _RECIPES.register, _RECIPES.names
 
 
-def get(name: str, **changes) -> Recipe:
-    """The recipe registered as `name`; a model registered later with `zoo.register`
-    gets its family's pretraining recipe. `changes` replace recipe fields."""
+def get(name: str | None = None, weights: str | None = None, **changes) -> Recipe:
+    """A registered recipe, optionally starting from pretrained weights.
+
+    Args:
+        name: a recipe name (`recipes.names()`: each model's own, "classify",
+            "finetune-lm") or any registered model name (a model registered later with
+            `zoo.register` gets its family's pretraining recipe). None, with `weights`:
+            the fine-tuning recipe of the checkpoint's kind ("classify" for encoders,
+            "finetune-lm" for decoders).
+        weights: a Hugging Face folder or Hub repo id to start from. A recipe name
+            trains the checkpoint's own shape; a model name must match it.
+        **changes: recipe fields to replace (`batch_size=16`, `model_overrides={...}`).
+
+    Returns:
+        A frozen `Recipe`.
+
+    Example:
+    >>> recipes.get("classify", weights="path/to/all-MiniLM-L6-v2", steps=300)
+    >>> recipes.get("enc-base", batch_size=16)
+    """
     if isinstance(name, Recipe):
         recipe = name
+    elif name is None:
+        if weights is None:
+            raise ValueError("recipes.get() needs a recipe or model name, or weights= to start from.")
+        decoder = pretrained.checkpoint(weights).spec.is_decoder
+        recipe = _RECIPES.get("finetune-lm" if decoder else "classify")
     elif name not in _RECIPES and name in zoo.names():
         family_default = "dec-base" if zoo.spec(name).is_decoder else "enc-base"
         recipe = _RECIPES.get(family_default).replace(model=name)
     else:
         recipe = _RECIPES.get(name, hint=" (or any zoo model name)")
+    if weights is not None:
+        model = name if name in zoo.names() else None
+        changes = {"model": model, "weights": weights, "vocabulary": None, **changes}
     return recipe.replace(**changes) if changes else recipe
 
 
@@ -191,6 +230,13 @@ register("dec-large", _llama("dec-large", 3e-3, 0.1, "linear", 600_000,
 register("dec-1b", _llama("dec-1b", 4e-4, 0.1, "cosine", 1_430_000,
                           "TinyLlama-1.1B: cosine 4e-4 -> 4e-5; 2M-token batches need 8 x 2048 x 128, here 64.",
                           checkpointing="full"))
+register("finetune-lm", Recipe(
+    task="causal_lm", model="dec-base", learning_rate=5e-5, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+    weight_decay=0.0, clipnorm=1.0, warmup_steps=0, steps=1000, decay="linear", batch_size=8,
+    sequence_length=512, lowercase=False, log_every=50, checkpoint_every=200,
+    notes="Causal-LM fine-tuning from weights (Hugging Face run_clm.py / Trainer defaults: lr 5e-5, "
+          "no warmup, linear decay, no weight decay, clipping 1.0); any decoder: recipes.get(weights=...).",
+))
 register("classify", Recipe(
     task="classifier", model="enc-base", learning_rate=2e-5, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
     weight_decay=0.01, clipnorm=1.0, warmup_steps=100, steps=1000, decay="linear", batch_size=32,

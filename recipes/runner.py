@@ -25,7 +25,7 @@ import tensorflow as tf
 
 import zoo
 from recipes import data as data_lib
-from recipes import optim, state
+from recipes import optim, pretrained, state
 from recipes import vocab as vocab_lib
 from recipes.recipe import Recipe, get
 
@@ -101,7 +101,7 @@ def _check_lengths(recipe):
     spec = recipe.spec
     if recipe.sequence_length > spec.max_sequence_length:
         raise ValueError(
-            f"sequence_length={recipe.sequence_length} is above {recipe.model!r}'s limit of "
+            f"sequence_length={recipe.sequence_length} is above {recipe.name!r}'s limit of "
             f"{spec.max_sequence_length} positions; lower --sequence-length to at most {spec.max_sequence_length}."
         )
     if recipe.task == "masked_lm" and recipe.max_predictions > recipe.sequence_length - 2:
@@ -110,10 +110,17 @@ def _check_lengths(recipe):
 
 
 def _tokenizer(recipe, out_dir, train_docs, scratch):
-    """(tokenizer, its files): the one already in out_dir (resume), the recipe's
-    vocabulary files, or one trained on the corpus (written to `scratch`)."""
+    """(tokenizer, its files): the one already in out_dir (resume), the pretrained
+    weights' own, the recipe's vocabulary files, or one trained on the corpus
+    (written to `scratch`)."""
     family = recipe.spec.family
     saved = os.path.join(out_dir, TOKENIZER_DIR)
+    if recipe.weights:
+        if vocab_lib.files_in(saved, family):
+            return zoo.hub.load_tokenizer(saved), saved
+        tokenizer = pretrained.tokenizer(recipe.weights)
+        zoo.hub.save_tokenizer(tokenizer, scratch)
+        return tokenizer, scratch
     if vocab_lib.files_in(saved, family):
         return vocab_lib.load(saved, family, recipe.lowercase), saved
     if recipe.vocabulary:
@@ -125,13 +132,25 @@ def _tokenizer(recipe, out_dir, train_docs, scratch):
 
 
 def build(recipe, num_classes=None):
-    """The recipe's model, compiled with its optimizer and loss (float32 logits;
-    `mixed_float16` gets Keras' dynamic loss scaling from compile)."""
+    """The recipe's model, compiled with its optimizer and loss.
+
+    Args:
+        recipe: a `Recipe`; with `weights`, the model starts from them.
+        num_classes: for the classifier task (default: `model_overrides`' or 2).
+
+    Returns:
+        A compiled Keras model (float32 logits; `mixed_float16` gets Keras' dynamic
+        loss scaling from compile).
+    """
     overrides = dict(recipe.model_overrides)
     if recipe.task == "classifier":
-        overrides["num_classes"] = num_classes or overrides.get("num_classes", 2)
-    model = zoo.get(recipe.model, checkpointing=recipe.checkpointing, dtype=recipe.precision,
-                    task=recipe.task, **overrides)
+        num_classes = num_classes or overrides.get("num_classes", 2)
+        overrides["num_classes"] = num_classes
+    if recipe.weights:
+        model = pretrained.load_model(recipe, num_classes)
+    else:
+        model = zoo.get(recipe.model, checkpointing=recipe.checkpointing, dtype=recipe.precision,
+                        task=recipe.task, **overrides)
     model.compile(
         optimizer=optim.optimizer(recipe, model),
         loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
@@ -141,14 +160,29 @@ def build(recipe, num_classes=None):
 
 
 def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_dir=None,
-        validation_every=0, validation_batches=8, callbacks=(), verbose="auto") -> Result:
-    """Train `recipe` (a Recipe or a registered name) on `data` into `out_dir`.
+        validation_every=0, validation_batches=8, callbacks=(), verbose="auto", hf_out=None) -> Result:
+    """Train `recipe` on `data` into `out_dir`, resuming what `out_dir` already holds.
 
-    steps: optimizer updates (default: the recipe's); the schedule is stretched to
-      fit with its warmup fraction kept (`Recipe.with_steps`).
-    data: a .txt/.csv/.tsv/.jsonl path or tfds:NAME[:SPLIT] (see recipes.data).
-    validation_every: hold out every n-th document and report validation loss per
-      interval (at most `validation_batches` batches); 0 = no validation.
+    Args:
+        recipe: a `Recipe` or a registered name (`recipes.get`).
+        data: a .txt/.csv/.tsv/.jsonl path or tfds:NAME[:SPLIT] (see recipes.data).
+        out_dir: run.json, tokenizer/, checkpoints/, logs/ and the final model.keras.
+        steps: optimizer updates (default: the recipe's); the schedule is stretched
+            to fit with its warmup fraction kept (`Recipe.with_steps`).
+        column, label_column: the text (and, for a classifier, label) column or field.
+        data_dir: TensorFlow Datasets' data_dir for a tfds: source (nothing is downloaded).
+        validation_every: hold out every n-th document and report validation loss per
+            interval (at most `validation_batches` batches); 0 = no validation.
+        callbacks: more Keras callbacks for `fit`.
+        hf_out: also write the final model as a Hugging Face folder there (with the
+            tokenizer and, for a classifier, the label names as `id2label`).
+
+    Returns:
+        A `Result`: steps run, per-interval history, tokens/s, peak memory, the model.
+
+    Example:
+    >>> recipe = recipes.get("classify", weights="path/to/all-MiniLM-L6-v2", steps=300)
+    >>> recipes.run(recipe, "reviews.csv", "runs/reviews", label_column="label").history[-1]
     """
     recipe = get(recipe) if not isinstance(recipe, Recipe) else recipe
     if steps is not None and steps != recipe.steps:
@@ -160,8 +194,11 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
     train_docs, valid_docs = data_lib.split(docs, validation_every)
     labels = data_lib.labels_of(train_docs) if recipe.task == "classifier" else None
     if labels is not None and len(labels) < 2:
-        raise ValueError(f"Column {label_column!r} holds {len(labels)} distinct label(s); classification needs >= 2.")
-    meta = {"model": recipe.model, "task": recipe.task, "spec": recipe.spec.to_dict(),
+        raise ValueError(f"Column {label_column!r} holds {len(labels)} distinct label(s) ({labels}); "
+                         "classification needs at least 2.")
+    if labels is not None and recipe.weights:
+        pretrained.check_labels(recipe.weights, labels)
+    meta = {"model": recipe.name, "task": recipe.task, "spec": recipe.spec.to_dict(),
             "recipe": recipe.to_dict(), "labels": labels}
     state.check_compatible(out_dir, meta)
 
@@ -169,13 +206,16 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
     try:
         tokenizer, source = _tokenizer(recipe, out_dir, train_docs, scratch)
         if tokenizer.vocabulary_size() > recipe.spec.vocab_size:
-            raise ValueError(f"The tokenizer has {tokenizer.vocabulary_size()} tokens but {recipe.model!r} embeds "
+            raise ValueError(f"The tokenizer has {tokenizer.vocabulary_size()} tokens but {recipe.name!r} embeds "
                              f"only {recipe.spec.vocab_size}; use a smaller vocabulary or override vocab_size.")
         vocab_lib.special_ids(tokenizer)
         # All checks passed: from here on out_dir is written.
         os.makedirs(out_dir, exist_ok=True)
-        if source != os.path.join(out_dir, TOKENIZER_DIR):
-            vocab_lib.copy(source, recipe.spec.family, os.path.join(out_dir, TOKENIZER_DIR))
+        saved = os.path.join(out_dir, TOKENIZER_DIR)
+        if source != saved and recipe.weights:  # the checkpoint's tokenizer, settings included
+            shutil.copytree(source, saved, dirs_exist_ok=True)
+        elif source != saved:
+            vocab_lib.copy(source, recipe.spec.family, saved)
         state.write_json_atomic(os.path.join(out_dir, state.RUN_FILE), meta)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -187,7 +227,7 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
     found = state.checkpoints(out_dir)
     if found:
         start = state.restore(found[-1][1], model, model.optimizer)
-        print(f"Resuming {recipe.model} from step {start} ({found[-1][1]}).")
+        print(f"Resuming {recipe.name} from step {start} ({found[-1][1]}).")
 
     interval = math.gcd(min(recipe.log_every, recipe.steps), recipe.steps)
     k = recipe.accumulation_steps
@@ -213,7 +253,9 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
     tmp = os.path.join(out_dir, f"model.tmp-{os.getpid()}.keras")
     model.save(tmp)
     os.replace(tmp, final)
-    print(f"{recipe.model}: steps {start} -> {result.step}; {result.tokens_per_second:,.0f} tokens/s; "
+    if hf_out:
+        zoo.hub.save(model, hf_out, tokenizer=tokenizer, overwrite=True, labels=labels)
+    print(f"{recipe.name}: steps {start} -> {result.step}; {result.tokens_per_second:,.0f} tokens/s; "
           f"peak memory {result.peak_bytes / 2**20:,.0f} MiB (allocator), {result.max_rss_bytes / 2**20:,.0f} MiB RSS; "
           f"model saved to {final}")
     return result

@@ -1,0 +1,82 @@
+"""Starting a recipe from pretrained weights: a Hugging Face folder or Hub repo id.
+
+The checkpoint says what the model is (its `config.json`), so a registered model
+name is optional; when one is given, the checkpoint must have its shape. The
+checkpoint's own tokenizer is used, never a newly trained vocabulary, and a
+classifier checkpoint's labels must be the data's.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+
+import zoo
+
+# The shape fields a registered name fixes; dropout and the like may differ.
+SHAPE_FIELDS = ("family", "vocab_size", "num_layers", "hidden_dim", "num_heads", "num_kv_heads", "head_dim",
+                "intermediate_dim", "max_sequence_length", "tie_embeddings")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    folder: str
+    spec: zoo.ModelSpec
+    task: str  # the checkpoint's own task ("classifier" for BertForSequenceClassification)
+    labels: tuple | None  # a classifier's label names, in id order
+
+
+@functools.lru_cache(maxsize=16)
+def checkpoint(weights: str) -> Checkpoint:
+    """What the checkpoint at `weights` (a folder or Hub repo id) is, from its config.json."""
+    folder = zoo.hub.resolve(weights)
+    path = folder / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{weights} has no config.json; --weights takes a Hugging Face model folder "
+                                "or Hub repo id.")
+    config = json.loads(path.read_text(encoding="utf-8"))
+    spec, task, _ = zoo.hub.spec_from_config(config)
+    id2label = config.get("id2label")
+    labels = tuple(id2label[str(i)] for i in range(len(id2label))) if task == "classifier" and id2label else None
+    return Checkpoint(str(folder), spec, task, labels)
+
+
+def check_shape(weights: str, model: str):
+    """Refuse weights whose shape is not the named registered model's, naming each difference."""
+    found, expected = checkpoint(weights).spec, zoo.spec(model)
+    diff = [f"{f}: checkpoint {getattr(found, f)!r}, {model} {getattr(expected, f)!r}"
+            for f in SHAPE_FIELDS if getattr(found, f) != getattr(expected, f)]
+    if diff:
+        raise ValueError(f"The weights at {weights} are not a {model!r} model ({'; '.join(diff)}). "
+                         "Drop the model name to train the checkpoint's own shape.")
+
+
+def check_labels(weights: str, labels):
+    """A classifier checkpoint keeps its head only for the same labels in the same order."""
+    own = checkpoint(weights).labels
+    if own is None:
+        return
+    generic = all(name == f"LABEL_{i}" for i, name in enumerate(own))
+    if generic and len(own) != len(labels):
+        raise ValueError(f"The classifier at {weights} has {len(own)} classes, but the data has {len(labels)} "
+                         f"({list(labels)}); fine-tune from its base model instead.")
+    if not generic and tuple(labels) != own:
+        raise ValueError(f"The classifier at {weights} was trained on labels {list(own)}, but the data has "
+                         f"{list(labels)}; fine-tune from its base model, or relabel the data to match.")
+
+
+def tokenizer(weights: str):
+    found = zoo.hub.load_tokenizer(checkpoint(weights).folder)
+    if found is None:
+        raise FileNotFoundError(f"{weights} has no tokenizer files (vocab.txt, vocab.json + merges.txt or "
+                                "tokenizer.json); fine-tuning uses the checkpoint's own tokenizer.")
+    return found
+
+
+def load_model(recipe, num_classes=None):
+    """The recipe's model with the checkpoint's weights (a new head where the checkpoint has none)."""
+    shape_overrides = {k: v for k, v in recipe.model_overrides.items() if k != "num_classes"}
+    task_args = {"num_classes": num_classes} if recipe.task == "classifier" else {}
+    return zoo.hub.load(recipe.weights, task=recipe.task, checkpointing=recipe.checkpointing,
+                        dtype=recipe.precision, tokenizer=False, **shape_overrides, **task_args)
