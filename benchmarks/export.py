@@ -44,6 +44,7 @@ def size(path):
 
 def measure(name, fmt, folder, runs, threads):
     """One row, in this (child) process."""
+    import keras
     import numpy as np
     import tensorflow as tf
 
@@ -54,14 +55,16 @@ def measure(name, fmt, folder, runs, threads):
     source = folder / f"{name}.keras"
     if fmt == "keras":
         model = zoo.get(name)
-        # Distinct random weights: zoo.get's shared initializer gives same-shaped kernels
-        # identical values, which the TFLite converter would store once (too-small files).
+        # Seeded N(0, 0.02) values for every matrix, so a rerun exports the same weights
+        # (zoo's initializers take their seeds from Python's unseeded `random`); vectors
+        # keep their initial values. Each weight already has its own initializer
+        # (zoo/layers/initializers.py), so same-shaped kernels differ either way.
         rng = np.random.default_rng(0)
         model.set_weights([rng.normal(0, 0.02, w.shape).astype(w.dtype) if w.ndim > 1 else w
                            for w in model.get_weights()])
         model.save(source)
     else:
-        model = export.load(str(source))
+        model = keras.models.load_model(source)
     batch = export.parity_batch(model, 1, LENGTH)
     row = {"model": name, "format": fmt}
     if fmt == "keras":

@@ -63,7 +63,7 @@ def write(root, real=False):
     rng = np.random.default_rng(1)
     root = Path(root)
     for folder, name, model in models(real):
-        task = hub._task_of(model)
+        task = model.task
         hub.save(model, root / folder, overwrite=True)
         ids = rng.integers(1, min(model.spec.vocab_size, 2000), (2, 11)).astype("int32")
         mask = np.ones_like(ids)
