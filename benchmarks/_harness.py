@@ -9,6 +9,8 @@ first on `sys.path`, so the clone's `zoo` and `tools` are the ones imported.
 A benchmark that measures in fresh processes calls `run_child(variant)` in the
 parent and ends with `if not _harness.child_main(measure): main()`: the child
 runs `measure(**variant)` and prints its result as one JSON line.
+
+`fetch` is the repository's asset fetcher, `tools.assets.fetch` (docs/assets.md).
 """
 
 import json
@@ -24,7 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-__all__ = ["GiB", "ChildRun", "PeakMemory", "child_main", "peak_rss_gib", "run_child"]
+from tools.assets import fetch
+
+__all__ = ["GiB", "ChildRun", "PeakMemory", "child_main", "fetch", "peak_rss_gib", "run_child"]
 
 GiB = 2**30
 CHILD_FLAG = "--child"

@@ -3,28 +3,24 @@ with a plain `fit`, and report test accuracy before and after a short run.
 
     python benchmarks/finetune_minilm.py [--train 1600 --test 1000 --epochs 1]
 
-Assets come from ../shared/assets/fetch (PyPI packages, cached). Prints a table
-and one JSON line.
+Assets come from tools/assets.py (PyPI packages, cached; docs/assets.md). Prints
+a table and one JSON line.
 """
 
 import argparse
 import csv
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _harness
+import keras
+import keras_hub
+import numpy as np
+import tensorflow as tf
 
-import keras  # noqa: E402
-import keras_hub  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import zoo  # noqa: E402
-from _assets import fetch  # noqa: E402
-
+import zoo
 
 
 def read_tab(path):
@@ -59,7 +55,7 @@ def main(argv=None):
     parser.add_argument("--dtype", default="mixed_bfloat16")
     args = parser.parse_args(argv)
 
-    paths = fetch("minilm", "newsgroups")
+    paths = _harness.fetch("minilm", "newsgroups")
     data = Path(paths["newsgroups"])
     train_texts, train_labels = subset(*read_tab(data / "reuters-r8-train.tab"), args.train, 0)
     test_texts, test_labels = subset(*read_tab(data / "reuters-r8-test.tab"), args.test, 1)

