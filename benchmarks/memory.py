@@ -41,6 +41,11 @@ def measure(model, batch, seq, precision, policy, steps):
     }
 
 
+def ratio(value):
+    """A table cell for a ratio to `none` ("-" where there is none)."""
+    return f"{value:7.2f}" if value is not None else f"{'-':>7s}"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--models", default="enc-base,dec-base")
@@ -71,10 +76,9 @@ def main():
                     r["mem_vs_none"] = r["step_mem_gib"] / ref["step_mem_gib"] if ref else None
                     r["time_vs_none"] = r["step_s"] / ref["step_s"] if ref else None
                     r["cpu_vs_none"] = r["step_cpu_s"] / ref["step_cpu_s"] if ref else None
-                    fmt = lambda v: f"{v:7.2f}" if v is not None else f"{'-':>7s}"  # noqa: E731
                     print(f"{model:9s} {shape:8s} {precision:15s} {policy:10s} {r['step_mem_gib']:9.2f} "
-                          f"{fmt(r['mem_vs_none'])} {r['peak_rss_gib']:8.2f} {r['step_s']:7.2f} "
-                          f"{fmt(r['time_vs_none'])} {r['step_cpu_s']:7.2f} {fmt(r['cpu_vs_none'])} "
+                          f"{ratio(r['mem_vs_none'])} {r['peak_rss_gib']:8.2f} {r['step_s']:7.2f} "
+                          f"{ratio(r['time_vs_none'])} {r['step_cpu_s']:7.2f} {ratio(r['cpu_vs_none'])} "
                           f"{r['tokens_per_s']:7.0f}", flush=True)
     print(json.dumps({"benchmark": "memory", "results": rows}))
 

@@ -103,8 +103,9 @@ def main():
             summary = {"model": model, "policy": policy, "largest_batch_run": largest,
                        "search_capped": largest == a.max_batch, "largest_batch_estimated": estimated}
             rows.append(summary)
-            print(f"{model:7s} {policy:6s} largest batch run: {largest}"
-                  f"{' (search capped)' if summary['search_capped'] else ''}; estimated to fit: {estimated}", flush=True)
+            capped = " (search capped)" if summary["search_capped"] else ""
+            print(f"{model:7s} {policy:6s} largest batch run: {largest}{capped}; estimated to fit: {estimated}",
+                  flush=True)
     print(json.dumps({"benchmark": "one_billion", "budget_gib": budget / GiB, "results": rows}))
 
 

@@ -35,6 +35,11 @@ def news_csv():
     return str(target)
 
 
+def losses(point):
+    """Train loss, validation loss and validation perplexity of one history point, as table cells."""
+    return f"{point['loss']:>10.4f} {point['val_loss']:>9.4f} {math.exp(point['val_loss']):>9.1f}"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="NewsArticles.csv (default: fetched)")
@@ -68,11 +73,11 @@ def main():
     print(f"{'step':>6} {'lr':>9} | {'train none':>10} {'val none':>9} {'ppl none':>9} | "
           f"{'train full':>10} {'val full':>9} {'ppl full':>9}")
     for a, b in zip(results["none"].history, results["full"].history):
-        print(f"{a['step']:>6} {a['lr']:>9.2e} | {a['loss']:>10.4f} {a['val_loss']:>9.4f} {math.exp(a['val_loss']):>9.1f}"
-              f" | {b['loss']:>10.4f} {b['val_loss']:>9.4f} {math.exp(b['val_loss']):>9.1f}")
+        print(f"{a['step']:>6} {a['lr']:>9.2e} | {losses(a)} | {losses(b)}")
     print(f"\n{'checkpointing':>13} {'tokens/s':>10} {'peak MiB (allocator)':>21} {'max RSS MiB':>12}")
     for policy, r in results.items():
-        print(f"{policy:>13} {r.tokens_per_second:>10,.0f} {r.peak_bytes / 2**20:>21,.0f} {r.max_rss_bytes / 2**20:>12,.0f}")
+        print(f"{policy:>13} {r.tokens_per_second:>10,.0f} {r.peak_bytes / 2**20:>21,.0f} "
+              f"{r.max_rss_bytes / 2**20:>12,.0f}")
     summary = {
         "benchmark": "train_news", "shape": SHAPE, "precision": args.precision, "steps": args.steps,
         "batch_size": args.batch_size, "sequence_length": args.sequence_length,

@@ -39,7 +39,8 @@ def models(real):
         overrides = dict(SHAPE, **({"num_kv_heads": 2} if name.startswith("dec") else {}), **extra)
         model = zoo.get(name, task=task, **overrides)
         for v in model.weights:  # distinct values everywhere, norms near 1
-            v.assign(rng.normal(0, 0.1, v.shape).astype("float32") + (1.0 if v.path.endswith(("gamma", "scale")) else 0))
+            norm = v.path.endswith(("gamma", "scale"))
+            v.assign(rng.normal(0, 0.1, v.shape).astype("float32") + (1.0 if norm else 0))
         yield folder, name, model
     if real:
         import tempfile
@@ -124,7 +125,8 @@ def check(root):
         rows.append({"model": folder, "class": type(model).__name__, "load_problems": problems,
                      "max_abs_diff": {k: float(v) for k, v in diffs.items()}, "greedy_equal": greedy})
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
-    print("| folder | transformers class | missing/unexpected/mismatched | max |diff| | greedy same |\n|---|---|---|---|---|")
+    print("| folder | transformers class | missing/unexpected/mismatched | max |diff| | greedy same |")
+    print("|---|---|---|---|---|")
     for r in rows:
         diff = ", ".join(f"{k} {v:.1e}" for k, v in r["max_abs_diff"].items())
         print(f"| {r['model']} | {r['class']} | {r['load_problems'] or 'none'} | {diff} | {r['greedy_equal']} |")
