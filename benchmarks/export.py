@@ -13,16 +13,15 @@ Prints a table and one JSON line.
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _harness
+
 FORMATS = ("keras", "saved_model", "tflite float32", "tflite float16", "tflite int8")
 LENGTH = 128
 
@@ -44,24 +43,28 @@ def size(path):
 
 
 def measure(name, fmt, folder, runs, threads):
-    """One row, in this process."""
+    """One row, in this (child) process."""
+    import keras
     import numpy as np
     import tensorflow as tf
 
     import zoo
     from zoo import export
 
+    folder = Path(folder)
     source = folder / f"{name}.keras"
     if fmt == "keras":
         model = zoo.get(name)
-        # Distinct random weights: zoo.get's shared initializer gives same-shaped kernels
-        # identical values, which the TFLite converter would store once (too-small files).
+        # Seeded N(0, 0.02) values for every matrix, so a rerun exports the same weights
+        # (zoo's initializers take their seeds from Python's unseeded `random`); vectors
+        # keep their initial values. Each weight already has its own initializer
+        # (zoo/layers/initializers.py), so same-shaped kernels differ either way.
         rng = np.random.default_rng(0)
         model.set_weights([rng.normal(0, 0.02, w.shape).astype(w.dtype) if w.ndim > 1 else w
                            for w in model.get_weights()])
         model.save(source)
     else:
-        model = export.load(str(source))
+        model = keras.models.load_model(source)
     batch = export.parity_batch(model, 1, LENGTH)
     row = {"model": name, "format": fmt}
     if fmt == "keras":
@@ -87,7 +90,7 @@ def measure(name, fmt, folder, runs, threads):
         row["ms"], row["p90_ms"] = timed(lambda: runner(**batch), runs)
         row["bytes"], row["max_rel"] = report.size_bytes, report.max_rel
         path.unlink()
-    row["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    row["peak_rss_gib"] = _harness.peak_rss_gib()
     return row
 
 
@@ -96,24 +99,18 @@ def main():
     parser.add_argument("--models", nargs="+", default=["enc-base", "dec-base"])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="TFLite interpreter threads")
-    parser.add_argument("--one", nargs=3, metavar=("MODEL", "FORMAT", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.one:
-        name, fmt, folder = args.one
-        print(json.dumps(measure(name, fmt, Path(folder), args.runs, args.threads)))
-        return
 
     folder = Path(tempfile.mkdtemp(prefix="zoo-export-bench-"))
     rows = []
     try:
         for name in args.models:
             for fmt in FORMATS:
-                cmd = [sys.executable, __file__, "--one", name, fmt, str(folder),
-                       "--runs", str(args.runs), "--threads", str(args.threads)]
-                done = subprocess.run(cmd, capture_output=True, text=True)
-                if done.returncode:
-                    sys.exit(f"{name} {fmt} failed:\n{done.stderr[-3000:]}")
-                rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+                run = _harness.run_child({"name": name, "fmt": fmt, "folder": str(folder), "runs": args.runs,
+                                          "threads": args.threads})
+                if not run.ok:
+                    sys.exit(f"{name} {fmt} failed:\n{run.stderr}")
+                rows.append(run.result)
                 print(f"  {name} {fmt}: {rows[-1]['ms']:.1f} ms", file=sys.stderr)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -131,4 +128,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if not _harness.child_main(measure):
+        main()

@@ -3,28 +3,24 @@ with a plain `fit`, and report test accuracy before and after a short run.
 
     python benchmarks/finetune_minilm.py [--train 1600 --test 1000 --epochs 1]
 
-Assets come from ../shared/assets/fetch (PyPI packages, cached). Prints a table
-and one JSON line.
+Assets come from tools/assets.py (PyPI packages, cached; docs/assets.md). Prints
+a table and one JSON line.
 """
 
 import argparse
 import csv
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _harness
+import keras
+import keras_hub
+import numpy as np
+import tensorflow as tf
 
-import keras  # noqa: E402
-import keras_hub  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import zoo  # noqa: E402
-from _assets import fetch  # noqa: E402
-
+import zoo
 
 
 def read_tab(path):
@@ -48,6 +44,11 @@ def dataset(preprocessor, texts, labels, batch, shuffle=False):
         .prefetch(tf.data.AUTOTUNE)
 
 
+def accuracy(metrics):
+    """The accuracy in `evaluate(return_dict=True)`'s dict, whichever name Keras gives it."""
+    return round(float(metrics.get("accuracy", metrics.get("logits_accuracy"))), 4)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train", type=int, default=1600, help="training documents (of 5,485)")
@@ -59,7 +60,7 @@ def main(argv=None):
     parser.add_argument("--dtype", default="mixed_bfloat16")
     args = parser.parse_args(argv)
 
-    paths = fetch("minilm", "newsgroups")
+    paths = _harness.fetch("minilm", "newsgroups")
     data = Path(paths["newsgroups"])
     train_texts, train_labels = subset(*read_tab(data / "reuters-r8-train.tab"), args.train, 0)
     test_texts, test_labels = subset(*read_tab(data / "reuters-r8-test.tab"), args.test, 1)
@@ -83,14 +84,13 @@ def main(argv=None):
     seconds = time.perf_counter() - start
     after = model.evaluate(test, verbose=0, return_dict=True)
     majority = max(test_labels.count(c) for c in classes) / len(test_labels)
-    acc = lambda d: d.get("accuracy", d.get("logits_accuracy"))  # noqa: E731
 
     result = {
         "benchmark": "finetune_minilm", "dataset": "reuters-r8", "model": "enc-mini (all-MiniLM-L6-v2 weights)",
         "train_docs": len(train_texts), "test_docs": len(test_texts), "classes": len(classes),
         "sequence_length": args.sequence_length, "batch_size": args.batch_size, "epochs": args.epochs,
         "dtype": args.dtype, "train_seconds": round(seconds, 1), "majority_baseline": round(majority, 4),
-        "accuracy_before": round(float(acc(before)), 4), "accuracy_after": round(float(acc(after)), 4),
+        "accuracy_before": accuracy(before), "accuracy_after": accuracy(after),
     }
     print("| metric | value |\n|---|---|")
     for key, value in result.items():

@@ -1,5 +1,5 @@
-"""Decoding speed of SmolLM2-135M (real weights, dequantised from the GGUF in
-../shared/ASSETS.md) with and without the key/value cache.
+"""Decoding speed of SmolLM2-135M (real weights, dequantised from the GGUF of
+docs/assets.md) with and without the key/value cache.
 
     python benchmarks/generation.py [--prompt-tokens 128 --new-tokens 64 --batch 1]
 
@@ -9,20 +9,17 @@ reruns the whole prefix for every token. Prints a table and one JSON line.
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _harness
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import zoo  # noqa: E402
-from _assets import fetch  # noqa: E402
-from zoo import hub  # noqa: E402
-from zoo.generation import generate  # noqa: E402
+import zoo
+from zoo import hub
+from zoo.generation import generate
 
 TEXT = ("The history of the city begins with a small settlement on the river, where traders met to exchange "
         "grain, salt and cloth. Over the centuries the town grew into a centre of commerce and learning, ")
@@ -36,7 +33,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder = hub.convert_gguf(fetch("smollm2")["smollm2"], Path(tmp) / "smollm2")
+        folder = hub.convert_gguf(_harness.fetch("smollm2")["smollm2"], Path(tmp) / "smollm2")
         model = zoo.get("dec-base", weights=str(folder))
     ids = np.asarray(model.tokenizer(TEXT * 20))[: args.prompt_tokens]
     prompt = np.tile(ids[None], (args.batch, 1)).astype("int32")

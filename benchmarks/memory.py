@@ -4,8 +4,9 @@
     python benchmarks/memory.py --models enc-base --shapes 4x512 --precisions float32
 
 Step memory = the allocator's peak during training minus its level once the model
-and the optimizer are built (`tf.config.experimental.get_memory_info("CPU:0")`);
-peak RSS (which never shrinks under TF's pooling allocator) is printed beside it.
+and the optimizer are built (`_harness.PeakMemory`, from
+`tf.config.experimental.get_memory_info("CPU:0")`); peak RSS (which never
+shrinks under TF's pooling allocator) is printed beside it.
 Step time is given as wall time and as the process's CPU time (all threads): on a
 shared machine the CPU-time ratio is the steadier measure of recomputation's cost.
 Encoders train masked-LM (15% of positions), decoders causal-LM, with Adam
@@ -16,53 +17,33 @@ Prints a table, the ratios to `none`, and one JSON line.
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import time
+
+import _harness
 
 POLICIES = ("none", "selective", "full")
 
 
-def run_variant(model, batch, seq, precision, policy, steps):
-    """Runs in the child process: returns the measurements of one variant."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import resource
-
+def measure(model, batch, seq, precision, policy, steps):
+    """One variant, in this (child) process."""
     import numpy as np
-    import tensorflow as tf
-
-    from _training import compiled_model, synthetic_batch
+    from _training import compiled_model, synthetic_batch, train_steps
 
     m = compiled_model(model, policy, precision, seq)
     x, y = synthetic_batch(model, batch, seq)
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    base = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    times, cpu_times = [], []
-    for _ in range(steps):
-        start, cpu_start = time.perf_counter(), time.process_time()
-        loss = m.train_on_batch(x, y)
-        times.append(time.perf_counter() - start)
-        cpu_times.append(time.process_time() - cpu_start)
-    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    with _harness.PeakMemory() as mem:
+        times, cpu_times, losses = train_steps(m, x, y, steps)
     step_time = float(np.median(times[1:])) if len(times) > 1 else times[0]
     cpu_time = float(np.median(cpu_times[1:])) if len(cpu_times) > 1 else cpu_times[0]
     return {
         "model": model, "batch": batch, "seq": seq, "precision": precision, "policy": policy,
-        "step_mem_gib": (peak - base) / 2**30, "base_gib": base / 2**30,
-        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        "step_s": step_time, "step_cpu_s": cpu_time, "tokens_per_s": batch * seq / step_time, "loss": float(loss),
+        "step_mem_gib": mem.step_gib, "base_gib": mem.base_gib, "peak_rss_gib": mem.rss_gib,
+        "step_s": step_time, "step_cpu_s": cpu_time, "tokens_per_s": batch * seq / step_time, "loss": losses[-1],
     }
 
 
-def spawn(model, batch, seq, precision, policy, steps):
-    cmd = [sys.executable, __file__, "--child", f"{model},{batch},{seq},{precision},{policy}", "--steps", str(steps)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode or not lines:
-        return {"model": model, "batch": batch, "seq": seq, "precision": precision, "policy": policy,
-                "error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
-    return json.loads(lines[-1])
+def ratio(value):
+    """A table cell for a ratio to `none` ("-" where there is none)."""
+    return f"{value:7.2f}" if value is not None else f"{'-':>7s}"
 
 
 def main():
@@ -72,12 +53,7 @@ def main():
     p.add_argument("--precisions", default="float32,mixed_bfloat16")
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--steps", type=int, default=3, help="steps per variant; the first (tracing) is not timed")
-    p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.child:
-        model, batch, seq, precision, policy = args.child.split(",")
-        print(json.dumps(run_variant(model, int(batch), int(seq), precision, policy, args.steps)))
-        return
 
     rows = []
     header = f"{'model':9s} {'shape':8s} {'precision':15s} {'policy':10s} {'step GiB':>9s} {'x none':>7s} " \
@@ -89,7 +65,9 @@ def main():
             for precision in args.precisions.split(","):
                 ref = None
                 for policy in args.policies.split(","):
-                    r = spawn(model, batch, seq, precision, policy, args.steps)
+                    variant = {"model": model, "batch": batch, "seq": seq, "precision": precision, "policy": policy}
+                    run = _harness.run_child({**variant, "steps": args.steps})
+                    r = run.result if run.ok else {**variant, "error": run.error}
                     rows.append(r)
                     if "error" in r:
                         print(f"{model:9s} {shape:8s} {precision:15s} {policy:10s} ERROR {r['error']}", flush=True)
@@ -98,13 +76,13 @@ def main():
                     r["mem_vs_none"] = r["step_mem_gib"] / ref["step_mem_gib"] if ref else None
                     r["time_vs_none"] = r["step_s"] / ref["step_s"] if ref else None
                     r["cpu_vs_none"] = r["step_cpu_s"] / ref["step_cpu_s"] if ref else None
-                    fmt = lambda v: f"{v:7.2f}" if v is not None else f"{'-':>7s}"  # noqa: E731
                     print(f"{model:9s} {shape:8s} {precision:15s} {policy:10s} {r['step_mem_gib']:9.2f} "
-                          f"{fmt(r['mem_vs_none'])} {r['peak_rss_gib']:8.2f} {r['step_s']:7.2f} "
-                          f"{fmt(r['time_vs_none'])} {r['step_cpu_s']:7.2f} {fmt(r['cpu_vs_none'])} "
+                          f"{ratio(r['mem_vs_none'])} {r['peak_rss_gib']:8.2f} {r['step_s']:7.2f} "
+                          f"{ratio(r['time_vs_none'])} {r['step_cpu_s']:7.2f} {ratio(r['cpu_vs_none'])} "
                           f"{r['tokens_per_s']:7.0f}", flush=True)
     print(json.dumps({"benchmark": "memory", "results": rows}))
 
 
 if __name__ == "__main__":
-    main()
+    if not _harness.child_main(measure):
+        main()

@@ -14,13 +14,9 @@ OOM killer. Prints a table and one JSON line.
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import threading
-import time
 
-GiB = 2**30
+import _harness
+from _harness import GiB
 
 
 def available_bytes() -> int:
@@ -29,69 +25,23 @@ def available_bytes() -> int:
     return info["MemAvailable"]
 
 
-def rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except FileNotFoundError:
-        pass
-    return 0
+def measure(model, policy, precision, batch, seq, steps):
+    """One variant, in this (child) process."""
+    import time
 
-
-def child(model, policy, precision, batch, seq, steps):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import resource
-
-    import tensorflow as tf
-
-    from _training import compiled_model, synthetic_batch
+    from _training import compiled_model, synthetic_batch, train_steps
 
     start = time.perf_counter()
     m = compiled_model(model, policy, precision, seq)
     build_s = time.perf_counter() - start
     x, y = synthetic_batch(model, batch, seq)
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    base = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    times, losses = [], []
-    for _ in range(steps):
-        t = time.perf_counter()
-        losses.append(float(m.train_on_batch(x, y)))
-        times.append(time.perf_counter() - t)
-    info = tf.config.experimental.get_memory_info("CPU:0")
+    with _harness.PeakMemory() as mem:
+        times, _, losses = train_steps(m, x, y, steps)
     return {
-        "params": m.count_params(), "build_s": build_s, "base_gib": base / GiB,
-        "alloc_peak_gib": info["peak"] / GiB, "step_mem_gib": (info["peak"] - base) / GiB,
-        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GiB,
+        "params": m.count_params(), "build_s": build_s, "base_gib": mem.base_gib,
+        "alloc_peak_gib": mem.peak_gib, "step_mem_gib": mem.step_gib, "peak_rss_gib": mem.rss_gib,
         "first_step_s": times[0], "step_s": min(times[1:]) if len(times) > 1 else times[0], "losses": losses,
     }
-
-
-def run_guarded(args, budget):
-    """Run one variant in a fresh process; kill it if its RSS passes `budget` bytes."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak, killed = [0], [False]
-
-    def watch():
-        while proc.poll() is None:
-            rss = rss_bytes(proc.pid)
-            peak[0] = max(peak[0], rss)
-            if rss > budget:
-                killed[0] = True
-                proc.kill()
-            time.sleep(0.2)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    out, err = proc.communicate()
-    watcher.join()
-    if killed[0]:
-        return {"status": "killed by guard", "guard_rss_gib": peak[0] / GiB}
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if proc.returncode or not lines:
-        return {"status": "error", "error": (err.strip().splitlines() or ["no output"])[-1]}
-    return {"status": "ok", "guard_rss_gib": peak[0] / GiB, **json.loads(lines[-1])}
 
 
 def main():
@@ -104,12 +54,7 @@ def main():
     p.add_argument("--max-batch", type=int, default=8, help="stop the search here (each step is minutes on 2 cores)")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--margin-gib", type=float, default=1.0, help="memory left free for the system")
-    p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
-    if a.child:
-        model, policy, precision, batch, seq = a.child.split(",")
-        print(json.dumps(child(model, policy, precision, int(batch), int(seq), a.steps)))
-        return
 
     from zoo import memory
 
@@ -133,9 +78,13 @@ def main():
                 if predicted > budget:
                     row.update(status=f"skipped: estimate {predicted / GiB:.1f} GiB > budget {budget / GiB:.1f} GiB")
                 else:
-                    cmd = [sys.executable, os.path.abspath(__file__), "--child",
-                           f"{model},{policy},{a.precision},{batch},{seq}", "--steps", str(a.steps)]
-                    row.update(run_guarded(cmd, budget))
+                    run = _harness.run_child({"model": model, "policy": policy, "precision": a.precision,
+                                              "batch": batch, "seq": seq, "steps": a.steps}, budget_bytes=budget)
+                    row["status"] = run.status
+                    if run.status == "error":
+                        row["error"] = run.error
+                    else:
+                        row.update(guard_rss_gib=run.peak_rss_bytes / GiB, **run.result)
                 rows.append(row)
                 ok = row["status"] == "ok"
                 cells = (f"{row['guard_rss_gib']:8.2f} {row['alloc_peak_gib']:9.2f} {row['step_s']:7.1f} "
@@ -154,10 +103,12 @@ def main():
             summary = {"model": model, "policy": policy, "largest_batch_run": largest,
                        "search_capped": largest == a.max_batch, "largest_batch_estimated": estimated}
             rows.append(summary)
-            print(f"{model:7s} {policy:6s} largest batch run: {largest}"
-                  f"{' (search capped)' if summary['search_capped'] else ''}; estimated to fit: {estimated}", flush=True)
+            capped = " (search capped)" if summary["search_capped"] else ""
+            print(f"{model:7s} {policy:6s} largest batch run: {largest}{capped}; estimated to fit: {estimated}",
+                  flush=True)
     print(json.dumps({"benchmark": "one_billion", "budget_gib": budget / GiB, "results": rows}))
 
 
 if __name__ == "__main__":
-    main()
+    if not _harness.child_main(measure):
+        main()

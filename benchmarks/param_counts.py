@@ -2,15 +2,18 @@
 `spec.num_params()` equals `count_params()` of the built model (the unit tests
 check the same on shrunk variants). Each model is built in a fresh process.
 
-    python benchmarks/param_counts.py
+    python benchmarks/param_counts.py [--models enc-mini dec-base]
 """
 
+import argparse
 import json
-import subprocess
 import sys
 
+import _harness
 
-def count(name):
+
+def measure(name):
+    """One model, in this (child) process."""
     import zoo
 
     model = zoo.get(name)
@@ -18,16 +21,18 @@ def count(name):
 
 
 def main():
-    if len(sys.argv) > 2 and sys.argv[1] == "--child":
-        print(json.dumps(count(sys.argv[2])))
-        return
     import zoo
 
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=zoo.names(), help="default: every registered model")
+    args = parser.parse_args()
     rows = []
     print(f"{'model':10s} {'built':>14s} {'analytical':>14s}  equal")
-    for name in zoo.names():
-        out = subprocess.run([sys.executable, __file__, "--child", name], capture_output=True, text=True)
-        row = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+    for name in args.models:
+        run = _harness.run_child({"name": name})
+        if not run.ok:
+            sys.exit(f"{name}: {run.status}: {run.error}")
+        row = run.result
         row["equal"] = row["built"] == row["analytical"]
         rows.append(row)
         print(f"{name:10s} {row['built']:14,d} {row['analytical']:14,d}  {row['equal']}", flush=True)
@@ -36,4 +41,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if not _harness.child_main(measure):
+        main()

