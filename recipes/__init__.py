@@ -11,9 +11,9 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+from recipes.evaluate import Evaluation, evaluate
 from recipes.optim import WarmupDecay, optimizer, schedule
 from recipes.recipe import Recipe, get, names, register
-from recipes.evaluate import Evaluation, evaluate
 from recipes.runner import Result, build, run
 
 __all__ = [

@@ -7,6 +7,7 @@ itself never imports this package.
 import ast
 import json
 import math
+from pathlib import Path
 
 
 def _override(text):
@@ -21,10 +22,15 @@ def _override(text):
 
 def register(subparsers):
     p = subparsers.add_parser("train", help="train a model with its recipe (resumes in the same --out-dir)")
-    p.add_argument("model", help="a registered model (zoo list)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="a registered model (zoo list); optional with --weights, which say what the model is")
     p.add_argument("--data", required=True, help=".txt (one document a line), .csv/.tsv, .jsonl, or tfds:NAME[:SPLIT]")
+    p.add_argument("--weights", help="start from these pretrained weights: a Hugging Face folder or Hub repo id "
+                   "(their tokenizer is used)")
     p.add_argument("--out-dir", help="where checkpoints, logs and model.keras go (default: runs/MODEL)")
-    p.add_argument("--recipe", help="recipe name (default: the model's own; 'classify' fine-tunes an encoder)")
+    p.add_argument("--hf-out", help="also write the final model as a Hugging Face folder here")
+    p.add_argument("--recipe", help="recipe name (default: the model's own; with --weights, 'classify' for "
+                   "encoders and 'finetune-lm' for decoders)")
     p.add_argument("--steps", type=int, help="optimizer updates (default: the recipe's)")
     p.add_argument("--text-column", help="CSV column / JSONL field / TFDS feature holding the text (default: text)")
     p.add_argument("--label-column", help="the label column, for --recipe classify")
@@ -43,25 +49,58 @@ def register(subparsers):
 def _train(args):
     import recipes
 
+    if args.model is None and args.weights is None:
+        raise ValueError("zoo train needs a model name (zoo list) or --weights to start from.")
     fields = ("batch_size", "sequence_length", "accumulation_steps", "learning_rate", "warmup_steps", "log_every",
               "checkpoint_every", "vocabulary", "precision", "checkpointing")
     changes = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
     if args.override:
         changes["model_overrides"] = dict(_override(o) for o in args.override)
-    recipe = recipes.get(args.recipe or args.model)
-    if recipe.model != args.model:
-        changes["model"] = args.model
+    if args.weights:
+        default = "classify" if args.label_column else None
+        recipe = recipes.get(args.recipe or default, weights=args.weights)
+        if args.model is not None:
+            changes["model"] = args.model  # checked against the weights' shape
+    else:
+        recipe = recipes.get(args.recipe or args.model)
+        if recipe.model != args.model:
+            changes["model"] = args.model
     recipe = recipe.replace(**changes)
     if args.steps is not None:
         recipe = recipe.with_steps(args.steps)
     if args.show:
         print(json.dumps(recipe.to_dict(), indent=2))
         return 0
+    out_dir = args.out_dir or f"runs/{args.model or Path(args.weights.rstrip('/')).name}"
     result = recipes.run(
-        recipe, args.data, args.out_dir or f"runs/{args.model}", column=args.text_column,
-        label_column=args.label_column, data_dir=args.data_dir, validation_every=args.validation_every,
+        recipe, args.data, out_dir, column=args.text_column, label_column=args.label_column,
+        data_dir=args.data_dir, validation_every=args.validation_every, hf_out=args.hf_out,
     )
     speed = None if math.isnan(result.tokens_per_second) else round(result.tokens_per_second, 1)
-    print(json.dumps({"model": args.model, "steps": result.step, "final_loss": (result.history or [{}])[-1].get("loss"),
+    print(json.dumps({"model": recipe.name, "steps": result.step,
+                      "final_loss": (result.history or [{}])[-1].get("loss"),
                       "tokens_per_second": speed, "peak_bytes": result.peak_bytes}))
+    return 0
+
+
+def register_eval(subparsers):
+    p = subparsers.add_parser("eval", help="accuracy (classifier) or perplexity (causal LM) on a data file")
+    p.add_argument("model", help="a training run folder (zoo train --out-dir), a Hugging Face folder or a .keras file")
+    p.add_argument("--data", required=True, help=".txt, .csv/.tsv, .jsonl, or tfds:NAME[:SPLIT]")
+    p.add_argument("--text-column", help="the text column / field (default: text)")
+    p.add_argument("--label-column", help="the label column, for a classifier")
+    p.add_argument("--data-dir", help="TensorFlow Datasets data_dir (prepared; nothing is downloaded)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--sequence-length", type=int, help="default: the run's training length")
+    p.set_defaults(func=_eval)
+
+
+def _eval(args):
+    import recipes
+
+    result = recipes.evaluate(args.model, args.data, column=args.text_column, label_column=args.label_column,
+                              data_dir=args.data_dir, batch_size=args.batch_size,
+                              sequence_length=args.sequence_length)
+    print(result.table())
+    print(json.dumps({"model": args.model, "data": args.data, **result.as_dict()}))
     return 0

@@ -237,9 +237,9 @@ def pipeline(recipe, tokenizer, docs, labels=None, training=True, skip=0) -> tf.
     micro-batches (a resumed run's position). Otherwise one pass, in order.
     """
     ids = vocab_lib.special_ids(tokenizer)
-    ds = rows(recipe, tokenizer, docs, labels).cache()
-    if training:
-        ds = ds.shuffle(recipe.shuffle_buffer, seed=recipe.seed, reshuffle_each_iteration=True).repeat()
+    ds = rows(recipe, tokenizer, docs, labels)
+    if training:  # one pass otherwise: a cache read in part (validation takes a few batches) only warns
+        ds = ds.cache().shuffle(recipe.shuffle_buffer, seed=recipe.seed, reshuffle_each_iteration=True).repeat()
     ds = ds.batch(recipe.batch_size, drop_remainder=training)
     if skip:
         ds = ds.skip(skip)

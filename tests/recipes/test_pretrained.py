@@ -1,0 +1,151 @@
+"""Recipes that start from pretrained weights (a Hugging Face folder), and `zoo eval`.
+
+The "pretrained" folders are tiny zoo models saved with `zoo.hub.save` together with a
+vocabulary trained on the news corpus, so the whole path (config -> shape, the
+checkpoint's own tokenizer, weights, labels, resume, --hf-out) runs offline in seconds.
+"""
+
+import csv
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import recipes
+import zoo
+from recipes import vocab
+from tests.common import REPO, TINY_RECIPE, TINY_RECIPE_DEC
+
+FAST = dict(batch_size=4, sequence_length=32, steps=4, warmup_steps=1, log_every=2, checkpoint_every=2,
+            shuffle_buffer=16, precision="float32")
+
+
+@pytest.fixture(scope="module")
+def bert_folder(recipes_vocab, tmp_path_factory):
+    keras.utils.set_random_seed(1)
+    model = zoo.get("enc-mini", **TINY_RECIPE)
+    tokenizer = vocab.load(recipes_vocab["bert"], "bert")
+    return zoo.hub.save(model, tmp_path_factory.mktemp("pretrained") / "bert", tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="module")
+def llama_folder(recipes_vocab, tmp_path_factory):
+    keras.utils.set_random_seed(2)
+    model = zoo.get("dec-base", **TINY_RECIPE_DEC)
+    tokenizer = vocab.load(recipes_vocab["llama"], "llama")
+    return zoo.hub.save(model, tmp_path_factory.mktemp("pretrained") / "llama", tokenizer=tokenizer)
+
+
+def test_recipe_from_weights_takes_the_checkpoints_shape_and_kind(bert_folder, llama_folder):
+    classify = recipes.get(weights=str(bert_folder))
+    assert (classify.task, classify.model, classify.spec.num_layers) == ("classifier", None, 2)
+    lm = recipes.get(weights=str(llama_folder))
+    assert (lm.task, lm.spec.num_kv_heads, lm.learning_rate) == ("causal_lm", 2, 5e-5)
+
+
+def test_built_model_holds_the_checkpoints_weights(bert_folder):
+    recipe = recipes.get("classify", weights=str(bert_folder), **FAST)
+    model = recipes.build(recipe, num_classes=3)
+    reference = zoo.hub.load(str(bert_folder))
+    for ours, theirs in zip(model.backbone.weights, reference.weights):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+def test_bad_pretrained_inputs_name_the_problem(bert_folder, recipes_vocab, recipes_reuters, tmp_path):
+    with pytest.raises(ValueError, match=r"not a 'enc-base' model \(.*num_layers: checkpoint 2, enc-base 12"):
+        recipes.get("enc-base", weights=str(bert_folder))
+    with pytest.raises(ValueError, match="own tokenizer; drop vocabulary"):
+        recipes.get("classify", weights=str(bert_folder)).replace(vocabulary=recipes_vocab["bert"])
+    one_class = tmp_path / "one.csv"
+    one_class.write_text("label,text\nspam,buy now\nspam,cheap pills\n")
+    recipe = recipes.get("classify", weights=str(bert_folder), **FAST)
+    with pytest.raises(ValueError, match=r"1 distinct label\(s\) \(\['spam'\]\).*at least 2"):
+        recipes.run(recipe, str(one_class), str(tmp_path / "run"), label_column="label")
+    assert not (tmp_path / "run").exists()
+
+
+def test_classifier_labels_must_match_the_data(bert_folder, recipes_reuters, tmp_path):
+    model = zoo.hub.load(str(bert_folder), task="classifier", num_classes=2)
+    folder = zoo.hub.save(model, tmp_path / "clf", labels=["ham", "spam"])
+    assert json.loads((folder / "config.json").read_text())["id2label"] == {"0": "ham", "1": "spam"}
+    recipe = recipes.get("classify", weights=str(folder), **FAST)
+    with pytest.raises(ValueError, match=r"trained on labels \['ham', 'spam'\].*the data has \['acq'"):
+        recipes.run(recipe, recipes_reuters, str(tmp_path / "run"), label_column="label")
+
+
+@pytest.fixture(scope="module")
+def reuters_test(recipes_reuters, tmp_path_factory):
+    """The last 200 documents of the Reuters CSV as a small labelled test file."""
+    path = tmp_path_factory.mktemp("reuters") / "test.csv"
+    lines = open(recipes_reuters, encoding="utf-8").read().splitlines()
+    path.write_text("\n".join([lines[0], *lines[-200:]]) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def test_classifier_fine_tune_then_eval_and_hf_out(bert_folder, recipes_reuters, reuters_test, tmp_path):
+    recipe = recipes.get("classify", weights=str(bert_folder), **FAST)
+    run_dir, hf_out = tmp_path / "run", tmp_path / "hf"
+    result = recipes.run(recipe, recipes_reuters, str(run_dir), label_column="label", hf_out=str(hf_out))
+    assert result.step == 4
+    labels = json.loads((run_dir / "run.json").read_text())["labels"]
+    assert (run_dir / "tokenizer" / "vocab.txt").read_text() == (bert_folder / "vocab.txt").read_text()
+    config = json.loads((hf_out / "config.json").read_text())
+    assert list(config["id2label"].values()) == labels  # label names from the data, kept
+    evaluation = recipes.evaluate(str(run_dir), reuters_test, label_column="label")
+    confusion = np.asarray(evaluation.confusion)
+    assert evaluation.labels == labels and confusion.shape == (len(labels), len(labels))
+    assert confusion.sum() == evaluation.examples > 0
+    assert evaluation.accuracy == pytest.approx(np.trace(confusion) / confusion.sum())
+    # the Hugging Face folder is the same model: the same predictions
+    assert recipes.evaluate(str(hf_out), reuters_test, label_column="label",
+                            sequence_length=32).confusion == evaluation.confusion
+
+
+class Interrupt(keras.callbacks.Callback):
+    """Stops a run like a kill would: after `step` optimizer steps, once the checkpoint is written."""
+
+    def __init__(self, at_epoch):
+        super().__init__()
+        self.at_epoch = at_epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch + 1 == self.at_epoch:
+            raise KeyboardInterrupt
+
+
+def test_causal_lm_fine_tune_resumes_to_the_same_weights(llama_folder, recipes_news, tmp_path):
+    recipe = recipes.get(weights=str(llama_folder), **{**FAST, "steps": 6})
+    straight = recipes.run(recipe, recipes_news, str(tmp_path / "straight"))
+    with pytest.raises(KeyboardInterrupt):
+        recipes.run(recipe, recipes_news, str(tmp_path / "resumed"), callbacks=[Interrupt(at_epoch=2)])
+    resumed = recipes.run(recipe, recipes_news, str(tmp_path / "resumed"))
+    assert (resumed.start_step, resumed.step) == (4, 6)
+    for a, b in zip(straight.model.weights, resumed.model.weights):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.fixture(scope="module")
+def held_out(recipes_news, tmp_path_factory):
+    """Twenty news articles as a .txt file (a document a line): a small held-out set."""
+    path = tmp_path_factory.mktemp("held-out") / "news.txt"
+    with open(recipes_news, newline="", encoding="utf-8") as f:
+        texts = [row["text"].replace("\n", " ") for row, _ in zip(csv.DictReader(f), range(20))]
+    path.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def test_zoo_eval_perplexity_on_the_command_line(llama_folder, held_out):
+    before = recipes.evaluate(str(llama_folder), held_out, sequence_length=32, batch_size=8)
+    assert before.perplexity == pytest.approx(np.exp(before.loss)) and before.tokens > 0
+    # random weights over a 512-token vocabulary: close to uniform
+    assert 200 < before.perplexity < 2000
+    done = subprocess.run([sys.executable, "-m", "zoo.cli", "eval", str(llama_folder), "--data", held_out,
+                           "--sequence-length", "32", "--batch-size", "8"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["perplexity"] == pytest.approx(before.perplexity, rel=1e-4)
+    assert "perplexity" in done.stdout.splitlines()[0]
