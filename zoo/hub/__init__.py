@@ -85,14 +85,15 @@ def spec_from_config(config: dict):
     return spec, task, task_args
 
 
-def config_from_spec(spec: ModelSpec, task: str, num_classes: int | None = None) -> dict:
+def config_from_spec(spec: ModelSpec, task: str, num_classes: int | None = None, dtype: str = "float32") -> dict:
     """The `config.json` transformers builds the same model from, so that a saved
-    folder loads with `from_pretrained`.
+    folder loads with `from_pretrained` (transformers 5 with no warning).
 
     Args:
         spec: a `ModelSpec`.
         task: the zoo task, which picks the architecture ("masked_lm" -> `BertForMaskedLM`).
         num_classes: a classifier's number of labels.
+        dtype: the dtype of the saved tensors ("float32", "bfloat16", "float16").
 
     Returns:
         A dict with `architectures` first.
@@ -103,7 +104,7 @@ def config_from_spec(spec: ModelSpec, task: str, num_classes: int | None = None)
     """
     arch = _ARCH_OF[(spec.family, task)]
     config = FAMILIES[spec.family].config_from_spec(spec, task, num_classes)
-    return {"architectures": [arch], **config, "torch_dtype": "float32"}
+    return {"architectures": [arch], **config, "dtype": dtype}
 
 
 def match_registered(spec: ModelSpec):
@@ -295,7 +296,7 @@ def _write(model, folder: Path, tokenizer, max_shard_size):
     family = _family_of(model)
     spec = getattr(model, "backbone", model).spec
     num_classes = model.classifier.units if model.task == "classifier" else None
-    config = config_from_spec(spec, model.task, num_classes)
+    config = config_from_spec(spec, model.task, num_classes, dtype=str(model.weights[0].dtype))
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     weights.save_from(model, folder, family, max_shard_size)
     if tokenizer is not None:

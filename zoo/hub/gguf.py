@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from zoo.files import atomic_path
+from zoo.hub import llama
 from zoo.hub.weights import WEIGHTS
+from zoo.registry import ModelSpec
 
 _GGUF_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -65,6 +67,18 @@ def convert_gguf(gguf_path, folder, overwrite=False) -> Path:
     if arch != "llama":
         raise ValueError(f"{gguf_path} is a {arch!r} GGUF; only 'llama' GGUF files convert to a zoo model.")
     heads, kv_heads = _field(reader, "llama.attention.head_count"), _field(reader, "llama.attention.head_count_kv")
+    hidden = _field(reader, "llama.embedding_length")
+    head_dim = _field(reader, "llama.attention.key_length", hidden // heads)
+    if _field(reader, "llama.rope.dimension_count", head_dim) != head_dim:
+        raise ValueError(f"{gguf_path}: rope over {_field(reader, 'llama.rope.dimension_count')} of {head_dim} "
+                         "head dimensions (partial rotary) is not supported.")
+    names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise ValueError(f"{gguf_path} holds llama.cpp's rope_freqs (Llama 3.1+ frequency scaling), whose "
+                         "rope_parameters the GGUF does not record; load the original Hugging Face folder instead.")
+    unknown = sorted(n for n in names if (n.split(".")[2] if n.startswith("blk.") else n) not in _GGUF_NAMES)
+    if unknown:
+        raise ValueError(f"{gguf_path}: tensors {unknown[:5]} have no place in a Llama model.")
     tensors = {}
     for tensor in reader.tensors:
         weight = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
@@ -80,20 +94,19 @@ def convert_gguf(gguf_path, folder, overwrite=False) -> Path:
             name = _GGUF_NAMES[name]
         tensors[name] = np.ascontiguousarray(weight)
     tokens = _field(reader, "tokenizer.ggml.tokens")
-    hidden = _field(reader, "llama.embedding_length")
+    spec = ModelSpec(
+        family="llama", vocab_size=len(tokens), num_layers=_field(reader, "llama.block_count"), hidden_dim=hidden,
+        num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        intermediate_dim=_field(reader, "llama.feed_forward_length"),
+        max_sequence_length=_field(reader, "llama.context_length"),
+        layer_norm_epsilon=float(f"{_field(reader, 'llama.attention.layer_norm_rms_epsilon'):.6g}"),  # a float32
+        rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
+        tie_embeddings="lm_head.weight" not in tensors,
+    )
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": len(tokens),
-        "num_hidden_layers": _field(reader, "llama.block_count"), "hidden_size": hidden,
-        "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-        "intermediate_size": _field(reader, "llama.feed_forward_length"),
-        "max_position_embeddings": _field(reader, "llama.context_length"),
-        # stored as float32 in the GGUF
-        "rms_norm_eps": float(f"{_field(reader, 'llama.attention.layer_norm_rms_epsilon'):.6g}"),
-        "rope_theta": float(_field(reader, "llama.rope.freq_base", 10000.0)), "hidden_act": "silu",
-        "tie_word_embeddings": "lm_head.weight" not in tensors, "rope_scaling": None,
+        "architectures": ["LlamaForCausalLM"], **llama.config_from_spec(spec, "causal_lm"),
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
-        "torch_dtype": "float32",
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"), "dtype": "float32",
     }
     if _field(reader, "tokenizer.ggml.model") != "gpt2":
         raise ValueError(f"{gguf_path}: only byte-level BPE ('gpt2') GGUF tokenizers are converted.")
