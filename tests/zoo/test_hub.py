@@ -2,7 +2,7 @@
 Face tensor names and shapes, keras-hub reading what zoo writes, sharding,
 streaming, the Hub cache, push, and every refusal the issue lists; parity with
 folders transformers itself wrote (tests/fixtures/hf, made by tools/make_hf_fixtures.py)
-in each config format."""
+in each config format; atomic writes that survive a failure part-way."""
 
 import json
 import os
@@ -283,6 +283,59 @@ def test_save_refuses_to_overwrite_and_writes_atomically(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temp siblings left behind
 
 
+def snapshot(folder) -> dict:
+    """Every file of a folder (recursively) with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+def fail_on_second_call(monkeypatch, module, name):
+    """Make `module.name` write its first file as usual, then raise: a failure half-way through a write."""
+    real, calls = getattr(module, name), []
+
+    def flaky(*args, **kwargs):
+        calls.append(args)
+        if len(calls) > 1:
+            raise OSError("disk full (injected)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, flaky)
+    return calls
+
+
+def test_a_failed_overwrite_leaves_the_earlier_folder_intact(tmp_path, monkeypatch):
+    """A save that dies after writing part of the new folder (config.json and the first shard)
+    keeps the earlier folder byte for byte, and leaves no temporary folder behind."""
+    import safetensors.numpy
+
+    folder = hub.save(randomise(llama()), tmp_path / "m", tokenizer=None)
+    before = snapshot(folder)
+    calls = fail_on_second_call(monkeypatch, safetensors.numpy, "save_file")
+    with pytest.raises(OSError, match="injected"):
+        hub.save(randomise(llama(tie_embeddings=False), seed=5), folder, overwrite=True, max_shard_size=20_000)
+    assert len(calls) == 2  # the first shard was written before the failure
+    assert snapshot(folder) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_a_failed_gguf_conversion_leaves_the_earlier_folder_intact(tmp_path, monkeypatch):
+    """The same for convert_gguf: it fails after model.safetensors, while writing config.json."""
+    gguf_file = write_gguf(FIXTURES / "llama-rope-parameters", tmp_path / "tiny.gguf")
+    folder = hub.convert_gguf(gguf_file, tmp_path / "converted")
+    before = snapshot(folder)
+    real_write_text = Path.write_text
+
+    def failing_write_text(self, *args, **kwargs):
+        if self.name == "config.json":
+            raise OSError("disk full (injected)")
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", failing_write_text)
+    with pytest.raises(OSError, match="injected"):
+        hub.convert_gguf(gguf_file, folder, overwrite=True)
+    assert snapshot(folder) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["converted", "tiny.gguf"]
+
+
 def test_push_uploads_the_saved_folder(tmp_path, monkeypatch):
     import huggingface_hub
 
@@ -520,3 +573,75 @@ def test_saved_config_is_transformers_5_and_reloads(tmp_path):
     assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 100000.0}
     assert config["rope_scaling"] is None
 
+
+# --- GGUF: llama.cpp's Q/K permutation, checked against transformers ---------------------
+def llama_cpp_permute(weight, heads):
+    """llama.cpp's convert_hf_to_gguf.py `LlamaModel.permute` (Hugging Face -> GGUF row order),
+    written out here independently of zoo's inverse."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
+        weight.shape)
+
+
+def write_gguf(folder, path):
+    """A float32 llama GGUF of a Hugging Face Llama folder, as llama.cpp's converter lays it out."""
+    import gguf
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate",
+             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+             "post_attention_layernorm": "ffn_norm"}
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    # a byte-level BPE vocabulary of the model's size: the end-of-text token, 94 characters, 33 merges
+    merges = [f"{chr(97 + i)} {chr(98 + i)}" for i in range(25)] + [f"{chr(65 + i)} {chr(66 + i)}" for i in range(8)]
+    tokens = ["<|endoftext|>"] + [chr(c) for c in range(33, 127)] + [m.replace(" ", "") for m in merges]
+    assert len(tokens) == config["vocab_size"]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] + [1] * (len(tokens) - 1))
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(0)
+    with safe_open(Path(folder) / "model.safetensors", framework="numpy") as f:
+        for key in f.keys():
+            weight = f.get_tensor(key)
+            if key.startswith("model.layers."):
+                layer, rest = key[len("model.layers."):].split(".", 1)
+                part, kind = rest.rsplit(".", 1)
+                if part == "self_attn.q_proj":
+                    weight = llama_cpp_permute(weight, heads)
+                elif part == "self_attn.k_proj":
+                    weight = llama_cpp_permute(weight, kv_heads)
+                name = f"blk.{layer}.{names[part]}.{kind}"
+            else:
+                name = names[key]
+            writer.add_tensor(name, np.ascontiguousarray(weight, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_gguf_conversion_matches_transformers(tmp_path):
+    """transformers' tiny Llama (GQA: 4 query heads, 2 KV heads) written as llama.cpp writes GGUF
+    (Q/K rows permuted), converted back by zoo: logits equal transformers' own, so convert_gguf's
+    un-permutation is checked against an independent reference, not against its own output."""
+    folder = hub.convert_gguf(write_gguf(FIXTURES / "llama-rope-parameters", tmp_path / "tiny.gguf"),
+                              tmp_path / "converted")
+    model = hub.load(folder)
+    assert isinstance(model.tokenizer, keras_hub.tokenizers.BytePairTokenizer)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 500000.0}
+    logits, hidden = parity(model, FIXTURES / "llama-rope-parameters")
+    assert logits < 1e-4 and hidden < 1e-4, (logits, hidden)
