@@ -93,20 +93,59 @@ def norm(prefix, layer, group="backbone") -> list[Entry]:
 
 
 def hf_name(entry: Entry, family, task: str) -> str:
-    """The full tensor name in the task's Hugging Face model (`bert.`/`model.` prefixes)."""
+    """The full tensor name of an entry in the task's Hugging Face model, because a
+    task model nests the backbone under a prefix (`bert.`, `model.`) and a bare one does not.
+
+    Args:
+        entry: an `Entry` of the family's weight map.
+        family: the family module (its `BASE_PREFIX`).
+        task: the zoo task being saved or loaded.
+
+    Returns:
+        The tensor name as transformers' model of that task holds it.
+
+    Example:
+    >>> hf_name(Entry("norm.weight", v), llama, "causal_lm")
+    'model.norm.weight'
+    """
     if task != "backbone" and entry.group in ("backbone", "pooler"):
         return family.BASE_PREFIX + entry.key
     return entry.key
 
 
 def hf_shape(entry: Entry) -> tuple:
-    """The shape of the entry's tensor in the Hugging Face file."""
+    """The shape of an entry's tensor in the Hugging Face file (a Dense kernel's is
+    transposed), so that shape errors name what the file should hold.
+
+    Args:
+        entry: an `Entry`.
+
+    Returns:
+        The shape as a tuple.
+
+    Example:
+    >>> hf_shape(Entry("lm_head.weight", reverse_embeddings, transpose=True))  # variable [576, 49152]
+    (49152, 576)
+    """
     shape = tuple(entry.variable.shape)
     return shape[::-1] if entry.transpose else shape
 
 
 def normalise(key: str, family) -> str:
-    """A checkpoint tensor name without its base-model prefix, legacy names renamed."""
+    """A checkpoint tensor name as the weight map names it, so that a backbone saved
+    alone or inside a task model, and TF-era names, all load the same.
+
+    Args:
+        key: a tensor name from a safetensors file.
+        family: the family module (its `BASE_PREFIX` and `LEGACY_NAMES`).
+
+    Returns:
+        The name without the base-model prefix, legacy fragments renamed.
+
+    Example:
+    >>> normalise("bert.embeddings.LayerNorm.gamma", bert)
+    'embeddings.LayerNorm.weight'
+    """
     prefix = family.BASE_PREFIX
     key = key[len(prefix):] if key.startswith(prefix) else key
     for old, new in family.LEGACY_NAMES.items():
@@ -222,7 +261,20 @@ def load_into(model, folder, family, strict=True) -> list[str]:
 
 
 def cast(array, dtype: str):
-    """Checkpoint dtype -> variable dtype in numpy (bfloat16 through ml_dtypes)."""
+    """A checkpoint array in the variable's dtype, converted in numpy before it reaches
+    TensorFlow (bfloat16 through ml_dtypes), so that bfloat16 files load into float32 models.
+
+    Args:
+        array: a numpy array read from safetensors.
+        dtype: the variable's dtype name ("float32", "bfloat16", ...).
+
+    Returns:
+        The array itself when the dtype already matches, else a converted copy.
+
+    Example:
+    >>> cast(np.ones(2, ml_dtypes.bfloat16), "float32").dtype
+    dtype('float32')
+    """
     import ml_dtypes
 
     target = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
@@ -268,8 +320,21 @@ def save_from(model, folder, family, max_shard_size=None) -> list[str]:
 
 
 def shards(tensors: dict, max_shard_size) -> list[list[str]]:
-    """Tensor names grouped, in order, into shards of at most `max_shard_size` bytes
-    (a tensor larger than that gets a shard of its own); one group when None."""
+    """Tensor names grouped, in order, into shards of at most `max_shard_size` bytes, so
+    that large checkpoints are written as Hugging Face shards.
+
+    Args:
+        tensors: name -> numpy array, in file order.
+        max_shard_size: bytes per shard; None or 0 for one group. A tensor larger than
+            that gets a shard of its own.
+
+    Returns:
+        A list of lists of tensor names.
+
+    Example:
+    >>> shards({"a": np.zeros(4, "float32"), "b": np.zeros(4, "float32")}, 16)
+    [['a'], ['b']]
+    """
     if not max_shard_size:
         return [list(tensors)]
     groups, current, size = [], [], 0
