@@ -336,6 +336,17 @@ def test_a_failed_gguf_conversion_leaves_the_earlier_folder_intact(tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["converted", "tiny.gguf"]
 
 
+def test_classifier_labels_are_written_as_id2label(tmp_path):
+    model = bert("classifier", num_classes=3)
+    folder = hub.save(model, tmp_path / "m", labels=["earn", "acq", "crude"])
+    config = json.loads((folder / "config.json").read_text())
+    assert config["id2label"] == {"0": "earn", "1": "acq", "2": "crude"} and config["label2id"]["crude"] == 2
+    assert hub.load(folder).classifier.units == 3
+    with pytest.raises(ValueError, match="labels has 2 names.*num_classes 3"):
+        hub.save(model, tmp_path / "n", labels=["a", "b"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
 def test_push_uploads_the_saved_folder(tmp_path, monkeypatch):
     import huggingface_hub
 

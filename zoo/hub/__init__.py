@@ -85,7 +85,8 @@ def spec_from_config(config: dict):
     return spec, task, task_args
 
 
-def config_from_spec(spec: ModelSpec, task: str, num_classes: int | None = None, dtype: str = "float32") -> dict:
+def config_from_spec(spec: ModelSpec, task: str, num_classes: int | None = None, dtype: str = "float32",
+                     labels=None) -> dict:
     """The `config.json` transformers builds the same model from, so that a saved
     folder loads with `from_pretrained` (transformers 5 with no warning).
 
@@ -94,6 +95,8 @@ def config_from_spec(spec: ModelSpec, task: str, num_classes: int | None = None,
         task: the zoo task, which picks the architecture ("masked_lm" -> `BertForMaskedLM`).
         num_classes: a classifier's number of labels.
         dtype: the dtype of the saved tensors ("float32", "bfloat16", "float16").
+        labels: a classifier's class names, in class order (`id2label`); None writes
+            LABEL_0, LABEL_1, ...
 
     Returns:
         A dict with `architectures` first.
@@ -104,6 +107,13 @@ def config_from_spec(spec: ModelSpec, task: str, num_classes: int | None = None,
     """
     arch = _ARCH_OF[(spec.family, task)]
     config = FAMILIES[spec.family].config_from_spec(spec, task, num_classes)
+    if labels is not None:
+        labels = [str(label) for label in labels]
+        if task != "classifier" or len(labels) != num_classes:
+            raise ValueError(f"labels has {len(labels)} names; it needs one per class of a classifier "
+                             f"(task {task!r}, num_classes {num_classes}).")
+        config["id2label"] = {str(i): label for i, label in enumerate(labels)}
+        config["label2id"] = {label: i for i, label in enumerate(labels)}
     return {"architectures": [arch], **config, "dtype": dtype}
 
 
@@ -263,7 +273,7 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
 
 
 # --- writing ---------------------------------------------------------------------------
-def save(model, folder, tokenizer=None, overwrite=False, max_shard_size=None) -> Path:
+def save(model, folder, tokenizer=None, overwrite=False, max_shard_size=None, labels=None) -> Path:
     """Write a zoo model as a Hugging Face folder that transformers' `from_pretrained`
     reads: `config.json`, `model.safetensors` (or shards + index) and the tokenizer files.
 
@@ -276,6 +286,7 @@ def save(model, folder, tokenizer=None, overwrite=False, max_shard_size=None) ->
         tokenizer: a keras-hub tokenizer; None saves `model.tokenizer` if it has one.
         overwrite: replace an existing `folder` (else FileExistsError).
         max_shard_size: bytes per safetensors shard; None writes one file.
+        labels: a classifier's class names in class order, written as `id2label`.
 
     Returns:
         `folder` as a `Path`.
@@ -288,15 +299,15 @@ def save(model, folder, tokenizer=None, overwrite=False, max_shard_size=None) ->
     with atomic_path(folder, overwrite) as tmp:
         tmp.mkdir()
         _write(model, tmp, tokenizer if tokenizer is not None else getattr(model, "tokenizer", None),
-               max_shard_size)
+               max_shard_size, labels)
     return folder
 
 
-def _write(model, folder: Path, tokenizer, max_shard_size):
+def _write(model, folder: Path, tokenizer, max_shard_size, labels=None):
     family = _family_of(model)
     spec = getattr(model, "backbone", model).spec
     num_classes = model.classifier.units if model.task == "classifier" else None
-    config = config_from_spec(spec, model.task, num_classes, dtype=str(model.weights[0].dtype))
+    config = config_from_spec(spec, model.task, num_classes, dtype=str(model.weights[0].dtype), labels=labels)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     weights.save_from(model, folder, family, max_shard_size)
     if tokenizer is not None:
