@@ -14,10 +14,12 @@ import shutil
 import keras_hub
 import tensorflow as tf
 
+from zoo.hub import tokenizers
+
 WORDPIECE_SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
 EOS = "<|endoftext|>"
-WORDPIECE_FILE = "vocab.txt"
-BPE_FILES = ("vocab.json", "merges.txt")
+WORDPIECE_FILE = tokenizers.WORDPIECE_FILE
+BPE_FILES = tokenizers.BPE_FILES
 
 
 def files_in(folder, family) -> bool:
@@ -27,20 +29,11 @@ def files_in(folder, family) -> bool:
 
 def load(path, family, lowercase=True):
     """A keras-hub tokenizer from `path`: a vocab.txt (or a folder holding one) for
-    the BERT family; a folder with vocab.json and merges.txt for the Llama family."""
+    the BERT family; a folder with vocab.json and merges.txt for the Llama family.
+    The files are read by `zoo.hub.tokenizers`, as `zoo.hub.load` reads them."""
     if family == "bert":
-        vocab = path if os.path.isfile(path) else os.path.join(path, WORDPIECE_FILE)
-        if not os.path.isfile(vocab):
-            raise FileNotFoundError(
-                f"No WordPiece vocabulary at {path!r}: expected a vocab.txt file or a folder with one.")
-        return keras_hub.tokenizers.WordPieceTokenizer(vocabulary=vocab, lowercase=lowercase, dtype="int32")
-    vocab, merges = (os.path.join(path, name) for name in BPE_FILES)
-    if not (os.path.isfile(vocab) and os.path.isfile(merges)):
-        raise FileNotFoundError(
-            f"No byte-level BPE vocabulary at {path!r}: expected a folder with {' and '.join(BPE_FILES)}.")
-    return keras_hub.tokenizers.BytePairTokenizer(
-        vocabulary=vocab, merges=merges, unsplittable_tokens=[EOS], dtype="int32"
-    )
+        return tokenizers.wordpiece(path, lowercase=lowercase, special_tokens=False, dtype="int32")
+    return tokenizers.byte_pair(path, unsplittable_tokens=[EOS], dtype="int32")
 
 
 def train(texts: tf.data.Dataset, family, vocabulary_size, folder, lowercase=True, max_documents=20_000):

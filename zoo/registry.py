@@ -39,6 +39,10 @@ class ModelSpec:
     dropout: float = 0.0
     layer_norm_epsilon: float = 1e-12
     rope_theta: float = 10000.0
+    # None: plain RoPE. Llama 3.1/3.2 frequency scaling as sorted (key, value) pairs, hashable like the
+    # rest of the spec; a dict is accepted: {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+    # "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}.
+    rope_scaling: tuple | None = None
     tie_embeddings: bool = True
     description: str = ""
 
@@ -65,6 +69,8 @@ class ModelSpec:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
+        if self.rope_scaling is not None:
+            object.__setattr__(self, "rope_scaling", _rope_scaling(self.rope_scaling, self.family))
 
     # Derived shapes -----------------------------------------------------------
     @property
@@ -96,7 +102,12 @@ class ModelSpec:
         return dataclasses.replace(self, **overrides)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if self.rope_scaling is None:
+            del out["rope_scaling"]  # specs without it serialise as they always did
+        else:
+            out["rope_scaling"] = dict(self.rope_scaling)
+        return out
 
     # Parameter count ----------------------------------------------------------
     def num_params(self, task: str | None = None, num_classes: int = 2) -> int:
@@ -125,6 +136,27 @@ class ModelSpec:
         if task not in heads:
             raise ValueError(f"Unknown task {task!r} for family {self.family!r}; known: {', '.join(heads)}.")
         return backbone + heads[task]
+
+
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _rope_scaling(value, family) -> tuple:
+    """`rope_scaling` as sorted (key, value) pairs, checked: only Llama 3 scaling is computed."""
+    items = dict(value)
+    if family != "llama" or items.get("rope_type") != "llama3":
+        raise ValueError(f"rope_scaling={items!r} is not supported; zoo computes rope_type 'llama3' "
+                         "(Llama 3.1/3.2 frequency scaling) on the llama family only.")
+    missing = [k for k in LLAMA3_ROPE_KEYS if k not in items]
+    unknown = sorted(set(items) - {"rope_type", *LLAMA3_ROPE_KEYS})
+    if missing or unknown:
+        raise ValueError(f"rope_scaling needs exactly rope_type and {', '.join(LLAMA3_ROPE_KEYS)}; "
+                         f"missing {missing}, unknown {unknown}.")
+    if not 0 < items["low_freq_factor"] < items["high_freq_factor"] or items["factor"] < 1:
+        raise ValueError(f"rope_scaling needs factor >= 1 and 0 < low_freq_factor < high_freq_factor, got {items}.")
+    numbers = {k: int(v) if k == "original_max_position_embeddings" else float(v) for k, v in items.items()
+               if k != "rope_type"}
+    return tuple(sorted({**numbers, "rope_type": "llama3"}.items()))
 
 
 class Registry:

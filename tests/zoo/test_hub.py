@@ -1,11 +1,14 @@
 """Hugging Face format in and out on tiny models: exact round trips, the Hugging
 Face tensor names and shapes, keras-hub reading what zoo writes, sharding,
-streaming, the Hub cache, push, and every refusal the issue lists."""
+streaming, the Hub cache, push, and every refusal the issue lists; parity with
+folders transformers itself wrote (tests/fixtures/hf, made by tools/make_hf_fixtures.py)
+in each config format; atomic writes that survive a failure part-way."""
 
 import json
 import os
 import shutil
 import tracemalloc
+from pathlib import Path
 
 import keras_hub
 import numpy as np
@@ -14,8 +17,12 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 import zoo
-from tests.common import exact_gelu
+from tests.common import REPO, exact_gelu
 from zoo import hub
+
+FIXTURES = REPO / "tests" / "fixtures" / "hf"
+LLAMA3 = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16}
 
 TINY_BERT = dict(num_layers=2, hidden_dim=32, num_heads=4, intermediate_dim=64, vocab_size=120,
                  max_sequence_length=64, dropout=0.0)
@@ -71,6 +78,7 @@ def assert_same_weights(a, b):
 CASES = [
     ("bert", "backbone", {}), ("bert", "masked_lm", {}), ("bert", "classifier", {"num_classes": 3}),
     ("llama", "causal_lm", {}), ("llama", "causal_lm", {"tie_embeddings": False}), ("llama", "backbone", {}),
+    ("llama", "causal_lm", {"rope_scaling": LLAMA3, "head_dim": 16}),
 ]
 
 
@@ -275,6 +283,70 @@ def test_save_refuses_to_overwrite_and_writes_atomically(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temp siblings left behind
 
 
+def snapshot(folder) -> dict:
+    """Every file of a folder (recursively) with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+def fail_on_second_call(monkeypatch, module, name):
+    """Make `module.name` write its first file as usual, then raise: a failure half-way through a write."""
+    real, calls = getattr(module, name), []
+
+    def flaky(*args, **kwargs):
+        calls.append(args)
+        if len(calls) > 1:
+            raise OSError("disk full (injected)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, flaky)
+    return calls
+
+
+def test_a_failed_overwrite_leaves_the_earlier_folder_intact(tmp_path, monkeypatch):
+    """A save that dies after writing part of the new folder (config.json and the first shard)
+    keeps the earlier folder byte for byte, and leaves no temporary folder behind."""
+    import safetensors.numpy
+
+    folder = hub.save(randomise(llama()), tmp_path / "m", tokenizer=None)
+    before = snapshot(folder)
+    calls = fail_on_second_call(monkeypatch, safetensors.numpy, "save_file")
+    with pytest.raises(OSError, match="injected"):
+        hub.save(randomise(llama(tie_embeddings=False), seed=5), folder, overwrite=True, max_shard_size=20_000)
+    assert len(calls) == 2  # the first shard was written before the failure
+    assert snapshot(folder) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_a_failed_gguf_conversion_leaves_the_earlier_folder_intact(tmp_path, monkeypatch):
+    """The same for convert_gguf: it fails after model.safetensors, while writing config.json."""
+    gguf_file = write_gguf(FIXTURES / "llama-rope-parameters", tmp_path / "tiny.gguf")
+    folder = hub.convert_gguf(gguf_file, tmp_path / "converted")
+    before = snapshot(folder)
+    real_write_text = Path.write_text
+
+    def failing_write_text(self, *args, **kwargs):
+        if self.name == "config.json":
+            raise OSError("disk full (injected)")
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", failing_write_text)
+    with pytest.raises(OSError, match="injected"):
+        hub.convert_gguf(gguf_file, folder, overwrite=True)
+    assert snapshot(folder) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["converted", "tiny.gguf"]
+
+
+def test_classifier_labels_are_written_as_id2label(tmp_path):
+    model = bert("classifier", num_classes=3)
+    folder = hub.save(model, tmp_path / "m", labels=["earn", "acq", "crude"])
+    config = json.loads((folder / "config.json").read_text())
+    assert config["id2label"] == {"0": "earn", "1": "acq", "2": "crude"} and config["label2id"]["crude"] == 2
+    assert hub.load(folder).classifier.units == 3
+    with pytest.raises(ValueError, match="labels has 2 names.*num_classes 3"):
+        hub.save(model, tmp_path / "n", labels=["a", "b"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
 def test_push_uploads_the_saved_folder(tmp_path, monkeypatch):
     import huggingface_hub
 
@@ -366,3 +438,221 @@ def test_registered_shapes_are_recognised():
     spec, task, _ = hub.spec_from_config(config)
     assert hub.match_registered(spec) == "dec-base" and task == "causal_lm"
     assert hub.match_registered(spec.replace(num_layers=3)) is None
+
+
+# --- folders transformers wrote: parity in each config format ----------------------------
+def fixture_inputs(expected, model):
+    x = {"token_ids": expected["input_ids"].astype("int32"), "padding_mask": expected["attention_mask"].astype("int32")}
+    if "segment_ids" in model.input:
+        x["segment_ids"] = expected["token_type_ids"].astype("int32")
+    if "mask_positions" in model.input:  # every position, to compare with transformers' full logits
+        x["mask_positions"] = np.tile(np.arange(x["token_ids"].shape[1], dtype="int32"), (len(x["token_ids"]), 1))
+    return x
+
+
+def parity(model, folder):
+    """Max |zoo - transformers| over real (unpadded) positions: (logits, last hidden states)."""
+    expected = np.load(Path(folder) / "expected.npz", allow_pickle=False)
+    x = fixture_inputs(expected, model)
+    real = expected["attention_mask"].astype(bool)
+    logits = np.asarray(model(x)["logits"])
+    hidden = np.asarray(model.backbone({k: v for k, v in x.items() if k != "mask_positions"})["sequence_output"])
+    return (float(np.abs(logits - expected["logits"])[real].max()),
+            float(np.abs(hidden - expected["hidden"])[real].max()))
+
+
+@pytest.mark.parametrize("name", ["llama-legacy", "llama-rope-parameters", "llama32", "bert-mlm"])
+def test_transformers_folders_match_transformers_outputs(name):
+    """Each folder was written by transformers' save_pretrained with its outputs beside it:
+    top-level rope_theta (transformers 4 files), rope_parameters (transformers 5), llama3
+    scaling with GQA, head_dim != hidden/heads and tied embeddings, and BertForMaskedLM
+    (whose MLM logits pin the cls.predictions.transform layout)."""
+    model = hub.load(FIXTURES / name)
+    config = json.loads((FIXTURES / name / "config.json").read_text())
+    assert model.task == ("masked_lm" if name.startswith("bert") else "causal_lm")
+    if name.startswith("llama"):
+        theta = (config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta"))
+        assert model.spec.rope_theta == theta != 10000.0
+        assert model.spec.layer_norm_epsilon == config["rms_norm_eps"]
+        assert model.spec.tie_embeddings is config["tie_word_embeddings"]
+    logits, hidden = parity(model, FIXTURES / name)
+    assert logits < 1e-4 and hidden < 1e-4, (logits, hidden)
+
+
+@pytest.mark.parametrize("name", ["llama-legacy", "llama-rope-parameters", "llama32"])
+def test_rotary_frequencies_are_transformers(name):
+    """The inverse frequencies of every block are transformers' own (llama3 bands included)."""
+    model = hub.load(FIXTURES / name)
+    expected = np.load(FIXTURES / name / "expected.npz", allow_pickle=False)["inv_freq"]
+    for block in model.backbone.blocks:
+        ours = np.asarray(block.attention.rotary._get_inverse_freq(model.spec.head_dim))
+        np.testing.assert_allclose(ours, expected, rtol=1e-6, atol=0)
+
+
+def test_llama3_decodes_with_the_cache_and_rebuilds_from_its_config():
+    """Positions past the prompt go through the same scaled rotary layer (start_index), and a
+    saved Keras config (the spec as a dict) rebuilds the scaling."""
+    model = hub.load(FIXTURES / "llama32")
+    expected = np.load(FIXTURES / "llama32" / "expected.npz", allow_pickle=False)
+    ids = expected["input_ids"][:1].astype("int32")
+    cache = model.init_cache(1, ids.shape[1])
+    first, _, cache = model.call_with_cache(ids[:, :30], cache, 0)
+    rest, _, _ = model.call_with_cache(ids[:, 30:], cache, 30)
+    stepwise = np.concatenate([np.asarray(first), np.asarray(rest)], axis=1)
+    np.testing.assert_allclose(stepwise, expected["logits"][:1], atol=1e-4, rtol=0)
+    rebuilt = type(model).from_config(json.loads(json.dumps(model.get_config())))
+    assert rebuilt.spec == model.spec and rebuilt.spec.rope_scaling == model.spec.rope_scaling
+
+
+def legacy_copy(tmp_path, name, edit):
+    folder = tmp_path / name
+    shutil.copytree(FIXTURES / name, folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_llama3_in_the_legacy_rope_scaling_format(tmp_path):
+    """Llama 3.2's own files: top-level rope_theta and "rope_scaling" (with `type` in older ones)."""
+
+    def legacy(key):
+        def edit(config):
+            rope = config.pop("rope_parameters")
+            config["rope_theta"] = rope.pop("rope_theta")
+            config["rope_scaling"] = {**{k: v for k, v in rope.items() if k != "rope_type"}, key: "llama3"}
+        return edit
+
+    for key in ("rope_type", "type"):
+        folder = legacy_copy(tmp_path, "llama32", legacy(key))
+        model = hub.load(folder)
+        assert dict(model.spec.rope_scaling)["factor"] == 32.0 and model.spec.rope_theta == 500000.0
+        logits, _ = parity(model, folder)
+        assert logits < 1e-4, (key, logits)
+        shutil.rmtree(folder)
+
+
+def test_rope_precedence_is_transformers(tmp_path):
+    """As transformers 5: rope_scaling over rope_parameters, a top-level original_max_position_embeddings
+    over the dict's, max_position_embeddings last."""
+    from zoo.hub.llama import rope_from_config
+
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    base = {"max_position_embeddings": 512, "rope_theta": 1234.0}
+    assert rope_from_config({**base, "rope_parameters": {"rope_type": "default"}}) == (1234.0, None)
+    assert rope_from_config({"max_position_embeddings": 512}) == (10000.0, None)
+    _, scaling = rope_from_config({**base, "rope_parameters": rope})
+    assert scaling["original_max_position_embeddings"] == 512
+    _, scaling = rope_from_config({**base, "rope_parameters": {**rope, "original_max_position_embeddings": 256}})
+    assert scaling["original_max_position_embeddings"] == 256
+    _, scaling = rope_from_config({**base, "original_max_position_embeddings": 128,
+                                   "rope_parameters": {**rope, "original_max_position_embeddings": 256}})
+    assert scaling["original_max_position_embeddings"] == 128
+    theta, scaling = rope_from_config({**base, "rope_scaling": rope,
+                                       "rope_parameters": {"rope_type": "default", "rope_theta": 5.0}})
+    assert (theta, scaling["factor"]) == (1234.0, 8.0)
+
+
+@pytest.mark.parametrize("rope_type", ["linear", "dynamic", "yarn", "longrope"])
+@pytest.mark.parametrize("where", ["rope_parameters", "rope_scaling"])
+def test_other_rope_types_are_refused_by_name(tmp_path, rope_type, where):
+    def edit(config):
+        config.pop("rope_parameters")
+        config[where] = {"rope_type": rope_type, "factor": 2.0, "rope_theta": 10000.0}
+
+    folder = legacy_copy(tmp_path, "llama-rope-parameters", edit)
+    with pytest.raises(ValueError, match=f"rope_type='{rope_type}' is not supported.*'default' and 'llama3'"):
+        hub.load(folder)
+
+
+def test_saved_config_is_transformers_5_and_reloads(tmp_path):
+    """zoo writes rope_parameters as transformers 5 does (plus the transformers 4 keys, which
+    transformers 5 reads without a warning: tools/make_hf_fixtures.py check), and reloads it exactly."""
+    model = hub.load(FIXTURES / "llama32")
+    folder = hub.save(model, tmp_path / "again")
+    config = json.loads((folder / "config.json").read_text())
+    original = json.loads((FIXTURES / "llama32" / "config.json").read_text())
+    assert config["rope_parameters"] == original["rope_parameters"]
+    assert config["rope_theta"] == 500000.0 and "rope_theta" not in config["rope_scaling"]
+    assert config["dtype"] == "float32" and "torch_dtype" not in config
+    for key in ("head_dim", "rms_norm_eps", "tie_word_embeddings", "hidden_act", "num_key_value_heads"):
+        assert config[key] == original[key], key
+    again = hub.load(folder)
+    assert again.spec == model.spec.replace(description=again.spec.description)
+    assert_same_weights(model, again)
+    config = json.loads((hub.save(llama(), tmp_path / "plain") / "config.json").read_text())
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 100000.0}
+    assert config["rope_scaling"] is None
+
+
+# --- GGUF: llama.cpp's Q/K permutation, checked against transformers ---------------------
+def llama_cpp_permute(weight, heads):
+    """llama.cpp's convert_hf_to_gguf.py `LlamaModel.permute` (Hugging Face -> GGUF row order),
+    written out here independently of zoo's inverse."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
+        weight.shape)
+
+
+def write_gguf(folder, path):
+    """A float32 llama GGUF of a Hugging Face Llama folder, as llama.cpp's converter lays it out."""
+    import gguf
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate",
+             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+             "post_attention_layernorm": "ffn_norm"}
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    # a byte-level BPE vocabulary of the model's size: the end-of-text token, 94 characters, 33 merges
+    merges = [f"{chr(97 + i)} {chr(98 + i)}" for i in range(25)] + [f"{chr(65 + i)} {chr(66 + i)}" for i in range(8)]
+    tokens = ["<|endoftext|>"] + [chr(c) for c in range(33, 127)] + [m.replace(" ", "") for m in merges]
+    assert len(tokens) == config["vocab_size"]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] + [1] * (len(tokens) - 1))
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(0)
+    with safe_open(Path(folder) / "model.safetensors", framework="numpy") as f:
+        for key in f.keys():
+            weight = f.get_tensor(key)
+            if key.startswith("model.layers."):
+                layer, rest = key[len("model.layers."):].split(".", 1)
+                part, kind = rest.rsplit(".", 1)
+                if part == "self_attn.q_proj":
+                    weight = llama_cpp_permute(weight, heads)
+                elif part == "self_attn.k_proj":
+                    weight = llama_cpp_permute(weight, kv_heads)
+                name = f"blk.{layer}.{names[part]}.{kind}"
+            else:
+                name = names[key]
+            writer.add_tensor(name, np.ascontiguousarray(weight, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_gguf_conversion_matches_transformers(tmp_path):
+    """transformers' tiny Llama (GQA: 4 query heads, 2 KV heads) written as llama.cpp writes GGUF
+    (Q/K rows permuted), converted back by zoo: logits equal transformers' own, so convert_gguf's
+    un-permutation is checked against an independent reference, not against its own output."""
+    folder = hub.convert_gguf(write_gguf(FIXTURES / "llama-rope-parameters", tmp_path / "tiny.gguf"),
+                              tmp_path / "converted")
+    model = hub.load(folder)
+    assert isinstance(model.tokenizer, keras_hub.tokenizers.BytePairTokenizer)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 500000.0}
+    logits, hidden = parity(model, FIXTURES / "llama-rope-parameters")
+    assert logits < 1e-4 and hidden < 1e-4, (logits, hidden)

@@ -2,6 +2,11 @@
 safetensors) and SmolLM2-135M (GGUF, dequantised and written as a Hugging Face
 folder), checked against keras-hub's own Hugging Face loaders.
 
+keras-hub reads the folder `convert_gguf` wrote, so a conversion error would be on
+both sides of that comparison: the Q/K row order is checked on its own, by applying
+llama.cpp's documented permutation to the converted tensors and getting the GGUF's
+tensors back bit for bit.
+
 keras-hub's `BertBackbone` uses the tanh approximation of GELU while the
 checkpoint (`hidden_act: "gelu"`) and Hugging Face use the exact erf form: 2.7e-3
 apart on MiniLM's hidden states. The reference therefore gets erf GELU swapped
@@ -19,6 +24,7 @@ from safetensors import safe_open
 
 import zoo
 from tests.common import exact_gelu
+from tests.zoo.test_hub import llama_cpp_permute
 from zoo import hub
 from zoo.generation import generate
 
@@ -111,3 +117,27 @@ def test_smollm2_matches_keras_hub(smollm2, smollm2_folder):
 def test_smollm2_greedy_continues_with_paris(smollm2):
     text = generate(smollm2, "The capital of France is", max_new_tokens=3, compile=False)  # no tracing: 3 tokens
     assert text.startswith("The capital of France is Paris"), text
+
+
+def test_smollm2_query_key_rows_are_llama_cpps_permuted_back(assets, smollm2_folder):
+    """Every layer's q_proj/k_proj, permuted as llama.cpp's converter permutes Hugging Face
+    weights, equals the dequantised GGUF tensor read directly with `gguf` (SmolLM2: 9 query
+    heads, 3 KV heads)."""
+    import gguf
+
+    reader = gguf.GGUFReader(assets["smollm2"])
+    heads = reader.fields["llama.attention.head_count"].contents()
+    kv_heads = reader.fields["llama.attention.head_count_kv"].contents()
+    assert (heads, kv_heads) == (9, 3)
+    gguf_tensors = {t.name: t for t in reader.tensors}
+    checked = 0
+    with safe_open(smollm2_folder / "model.safetensors", framework="numpy") as converted:
+        for layer in range(30):
+            for part, proj, n in (("attn_q", "q_proj", heads), ("attn_k", "k_proj", kv_heads)):
+                tensor = gguf_tensors[f"blk.{layer}.{part}.weight"]
+                original = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+                ours = converted.get_tensor(f"model.layers.{layer}.self_attn.{proj}.weight")
+                np.testing.assert_array_equal(llama_cpp_permute(ours, n), original, err_msg=f"{layer} {proj}")
+                assert not np.array_equal(ours, original)  # the permutation is not the identity here
+                checked += 1
+    assert checked == 60

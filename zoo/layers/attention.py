@@ -46,17 +46,30 @@ class Attention(keras.layers.Layer):
         use_bias=True,
         rotary_theta=None,
         dropout=0.0,
+        rope_scaling=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.use_bias, self.rotary_theta, self.dropout = use_bias, rotary_theta, dropout
+        self.rope_scaling = dict(rope_scaling) if rope_scaling else None  # Llama 3 frequency scaling
         self.query_dense = self._dense(num_heads * head_dim, "query")
         self.key_dense = self._dense(num_kv_heads * head_dim, "key")
         self.value_dense = self._dense(num_kv_heads * head_dim, "value")
         self.output_dense = None  # built in build(): needs the model width
         self.rotary = None
-        if rotary_theta is not None:
+        if rotary_theta is not None and self.rope_scaling:
+            # keras-hub's Llama 3 rotary layer (not exported in 0.32): transformers' `llama3` rope_type.
+            from keras_hub.src.models.llama.llama_rotary_embedding import LlamaRotaryEmbedding
+
+            scaling = self.rope_scaling
+            self.rotary = LlamaRotaryEmbedding(
+                max_wavelength=rotary_theta, frequency_adjustment_factor=scaling["factor"],
+                low_freq_factor=scaling["low_freq_factor"], high_freq_factor=scaling["high_freq_factor"],
+                pretraining_sequence_length=scaling["original_max_position_embeddings"],
+                dtype=self.dtype_policy, name="rotary",
+            )
+        elif rotary_theta is not None:
             from keras_hub.layers import RotaryEmbedding
 
             self.rotary = RotaryEmbedding(max_wavelength=rotary_theta, dtype=self.dtype_policy, name="rotary")
@@ -104,6 +117,7 @@ class Attention(keras.layers.Layer):
         config.update(
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             use_bias=self.use_bias, rotary_theta=self.rotary_theta, dropout=self.dropout,
+            rope_scaling=self.rope_scaling,
         )
         return config
 

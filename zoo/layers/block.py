@@ -32,6 +32,7 @@ class TransformerBlock(keras.layers.Layer):
         epsilon=1e-12,
         checkpointing="none",
         seed=None,
+        rope_scaling=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -39,13 +40,14 @@ class TransformerBlock(keras.layers.Layer):
             num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
             intermediate_dim=intermediate_dim, pre_norm=pre_norm, rms_norm=rms_norm, gated_ffn=gated_ffn,
             use_bias=use_bias, rotary_theta=rotary_theta, dropout=dropout, epsilon=epsilon,
+            rope_scaling=dict(rope_scaling) if rope_scaling else None,
         )
         self.pre_norm, self.dropout = pre_norm, dropout
         self.checkpointing = resolve(checkpointing)
         policy = self.dtype_policy
         self.attention = Attention(
             num_heads, num_kv_heads, head_dim, use_bias=use_bias, rotary_theta=rotary_theta,
-            dropout=dropout, dtype=policy, name="attention",
+            dropout=dropout, rope_scaling=rope_scaling, dtype=policy, name="attention",
         )
         self.ffn = FeedForward(intermediate_dim, gated=gated_ffn, dtype=policy, name="ffn")
         norm = (

@@ -25,6 +25,7 @@ def make_blocks(spec: ModelSpec, checkpointing, dtype):
             num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
             intermediate_dim=spec.intermediate_dim, pre_norm=llama, rms_norm=llama, gated_ffn=llama,
             use_bias=not llama, rotary_theta=spec.rope_theta if llama else None, dropout=spec.dropout,
+            rope_scaling=spec.rope_scaling if llama else None,
             epsilon=spec.layer_norm_epsilon, checkpointing=checkpointing, dtype=dtype, name=f"block_{i}",
         )
         for i in range(spec.num_layers)

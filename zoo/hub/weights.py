@@ -1,0 +1,347 @@
+"""safetensors in and out, one tensor at a time, with shards.
+
+A family module (`zoo.hub.bert`, `zoo.hub.llama`) lists every variable of a zoo
+model as an `Entry`: its Hugging Face tensor name (without the base-model prefix)
+and whether the kernel is transposed (Hugging Face `Linear` stores [out, in],
+Keras `Dense` [in, out]). Loading and saving both read that one list, so they
+cannot drift apart. Tensors are streamed from safetensors (never pickle), so
+loading needs about one tensor of memory beyond the model itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("zoo.hub")
+
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+@dataclass
+class Entry:
+    """One Hugging Face tensor and the zoo variable that holds it.
+
+    The weight map is a list of these; keeping the transpose flag beside the name
+    is what lets load and save share one table.
+
+    Args:
+        key: the tensor name without the base-model prefix (`bert.`, `model.`).
+        variable: the Keras variable.
+        transpose: True for a Dense kernel (Keras [in, out], Hugging Face [out, in]).
+        group: the part of the model it belongs to: "backbone", "pooler", "mlm",
+            "classifier" or "lm_head". A missing backbone tensor is an error; a
+            missing head is freshly initialised.
+
+    Example:
+    >>> Entry("pooler.dense.weight", model.pooler.kernel, transpose=True, group="pooler")
+    """
+
+    key: str
+    variable: object
+    transpose: bool = False
+    group: str = "backbone"
+
+
+def dense(prefix, layer, group="backbone") -> list[Entry]:
+    """The entries of a Keras `Dense` stored as a Hugging Face `Linear`, so that
+    every family maps its projections the same way.
+
+    Args:
+        prefix: the Hugging Face module name ("encoder.layer.0.attention.self.query").
+        layer: the Keras `Dense` layer.
+        group: the entries' group (see `Entry`).
+
+    Returns:
+        `[weight (transposed), bias]`, or only the weight when the layer has no bias.
+
+    Example:
+    >>> [e.key for e in dense("pooler.dense", backbone.pooler)]
+    ['pooler.dense.weight', 'pooler.dense.bias']
+    """
+    entries = [Entry(f"{prefix}.weight", layer.kernel, True, group)]
+    if layer.use_bias:
+        entries.append(Entry(f"{prefix}.bias", layer.bias, False, group))
+    return entries
+
+
+def norm(prefix, layer, group="backbone") -> list[Entry]:
+    """The entries of a Keras LayerNormalization / RMSNormalization stored as a
+    Hugging Face LayerNorm / RMSNorm (`weight`, and `bias` when centred).
+
+    Args:
+        prefix: the Hugging Face module name ("embeddings.LayerNorm", "norm").
+        layer: the Keras normalisation layer.
+        group: the entries' group (see `Entry`).
+
+    Returns:
+        `[weight]` or `[weight, bias]`.
+
+    Example:
+    >>> [e.key for e in norm("norm", backbone.final_norm)]
+    ['norm.weight']
+    """
+    entries = [Entry(f"{prefix}.weight", layer.gamma if hasattr(layer, "gamma") else layer.scale, False, group)]
+    if getattr(layer, "beta", None) is not None:
+        entries.append(Entry(f"{prefix}.bias", layer.beta, False, group))
+    return entries
+
+
+def hf_name(entry: Entry, family, task: str) -> str:
+    """The full tensor name of an entry in the task's Hugging Face model, because a
+    task model nests the backbone under a prefix (`bert.`, `model.`) and a bare one does not.
+
+    Args:
+        entry: an `Entry` of the family's weight map.
+        family: the family module (its `BASE_PREFIX`).
+        task: the zoo task being saved or loaded.
+
+    Returns:
+        The tensor name as transformers' model of that task holds it.
+
+    Example:
+    >>> hf_name(Entry("norm.weight", v), llama, "causal_lm")
+    'model.norm.weight'
+    """
+    if task != "backbone" and entry.group in ("backbone", "pooler"):
+        return family.BASE_PREFIX + entry.key
+    return entry.key
+
+
+def hf_shape(entry: Entry) -> tuple:
+    """The shape of an entry's tensor in the Hugging Face file (a Dense kernel's is
+    transposed), so that shape errors name what the file should hold.
+
+    Args:
+        entry: an `Entry`.
+
+    Returns:
+        The shape as a tuple.
+
+    Example:
+    >>> hf_shape(Entry("lm_head.weight", reverse_embeddings, transpose=True))  # variable [576, 49152]
+    (49152, 576)
+    """
+    shape = tuple(entry.variable.shape)
+    return shape[::-1] if entry.transpose else shape
+
+
+def normalise(key: str, family) -> str:
+    """A checkpoint tensor name as the weight map names it, so that a backbone saved
+    alone or inside a task model, and TF-era names, all load the same.
+
+    Args:
+        key: a tensor name from a safetensors file.
+        family: the family module (its `BASE_PREFIX` and `LEGACY_NAMES`).
+
+    Returns:
+        The name without the base-model prefix, legacy fragments renamed.
+
+    Example:
+    >>> normalise("bert.embeddings.LayerNorm.gamma", bert)
+    'embeddings.LayerNorm.weight'
+    """
+    prefix = family.BASE_PREFIX
+    key = key[len(prefix):] if key.startswith(prefix) else key
+    for old, new in family.LEGACY_NAMES.items():
+        key = key.replace(old, new)
+    return key
+
+
+def weight_files(folder: Path) -> dict[str, Path]:
+    """tensor name -> safetensors file (one file, or the shards the index names).
+
+    Refuses a folder of PyTorch pickles with the one-line conversion, because
+    unpickling can run arbitrary code.
+
+    Args:
+        folder: a Hugging Face model folder.
+
+    Returns:
+        A dict from every tensor name to the file holding it.
+
+    Example:
+    >>> weight_files(Path("all-MiniLM-L6-v2"))["embeddings.word_embeddings.weight"].name
+    'model.safetensors'
+    """
+    from safetensors import safe_open
+
+    if (folder / INDEX).exists():
+        index = json.loads((folder / INDEX).read_text())
+        return {key: folder / name for key, name in index["weight_map"].items()}
+    if (folder / WEIGHTS).exists():
+        with safe_open(folder / WEIGHTS, framework="numpy") as f:
+            return {key: folder / WEIGHTS for key in f.keys()}
+    pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt*"))
+    if pickles:
+        raise ValueError(
+            f"{folder} holds only {', '.join(pickles)} (PyTorch pickle), which zoo never unpickles: it can run "
+            "arbitrary code. Convert it to safetensors once, where you trust the file: "
+            "`transformers.AutoModel.from_pretrained(folder).save_pretrained(folder, safe_serialization=True)` "
+            "(or the Hub's 'convert to safetensors' space), then load the folder again."
+        )
+    raise FileNotFoundError(f"{folder} has no {WEIGHTS} or {INDEX}.")
+
+
+def load_into(model, folder, family, strict=True) -> list[str]:
+    """Stream a folder's safetensors into a built zoo model, one tensor at a time, so
+    that loading needs about one tensor of memory beyond the model.
+
+    Args:
+        model: a zoo backbone or task model.
+        folder: a Hugging Face model folder (one safetensors file or shards + index).
+        family: the family module (`zoo.hub.bert`, `zoo.hub.llama`) of the model.
+        strict: raise on a tensor the model has no place for (else log a warning).
+
+    Returns:
+        The names of the head tensors the checkpoint lacks, which keep their fresh
+        initialisation (a classifier on a `BertModel` checkpoint).
+
+    Raises:
+        ValueError: a missing backbone tensor, an unexpected tensor (strict) or a
+            shape mismatch, each named with both shapes.
+
+    Example:
+    >>> load_into(zoo.get("enc-mini", task="classifier"), "all-MiniLM-L6-v2", bert)
+    ['classifier.weight', 'classifier.bias']
+    """
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    files = weight_files(folder)
+    available = {}
+    for key, file in files.items():
+        name = normalise(key, family)
+        if not name.endswith(family.DERIVED):
+            available[name] = (key, file)
+    entries = family.weight_map(model)
+    wanted = {e.key for e in entries}
+    unexpected = sorted(k for k in available if k not in wanted and not k.startswith(family.KNOWN_HEADS))
+    if unexpected:
+        message = (f"Unexpected tensor {available[unexpected[0]][0]!r} in {folder} (and {len(unexpected) - 1} more): "
+                   f"a {family.FAMILY} model has no such weight. Is this checkpoint the architecture its "
+                   "config.json says?")
+        if strict:
+            raise ValueError(message)
+        log.warning("%s Ignored (strict=False).", message)
+    groups_present = {e.group for e in entries if e.key in available}
+    fresh = []
+    handles = {}
+    try:
+        for entry in entries:
+            if entry.key not in available:
+                if entry.group == "backbone" or entry.group in groups_present:
+                    raise ValueError(
+                        f"Missing tensor {hf_name(entry, family, model.task)!r} in {folder}: "
+                        f"the model needs shape {hf_shape(entry)}, the checkpoint has none."
+                    )
+                fresh.append(entry.key)
+                continue
+            key, file = available[entry.key]
+            if file not in handles:
+                handles[file] = safe_open(file, framework="numpy")
+            array = handles[file].get_tensor(key)
+            if tuple(array.shape) != hf_shape(entry):
+                raise ValueError(
+                    f"Shape mismatch for tensor {key!r}: the checkpoint has {tuple(array.shape)}, the model needs "
+                    f"{hf_shape(entry)}. Does config.json describe these weights?"
+                )
+            entry.variable.assign(cast(array.T if entry.transpose else array, entry.variable.dtype))
+            del array
+    finally:
+        handles.clear()
+    if fresh:
+        log.warning("Not in the checkpoint, newly initialised: %s", ", ".join(fresh))
+    return fresh
+
+
+def cast(array, dtype: str):
+    """A checkpoint array in the variable's dtype, converted in numpy before it reaches
+    TensorFlow (bfloat16 through ml_dtypes), so that bfloat16 files load into float32 models.
+
+    Args:
+        array: a numpy array read from safetensors.
+        dtype: the variable's dtype name ("float32", "bfloat16", ...).
+
+    Returns:
+        The array itself when the dtype already matches, else a converted copy.
+
+    Example:
+    >>> cast(np.ones(2, ml_dtypes.bfloat16), "float32").dtype
+    dtype('float32')
+    """
+    import ml_dtypes
+
+    target = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    return array if array.dtype == target else array.astype(target)
+
+
+def save_from(model, folder, family, max_shard_size=None) -> list[str]:
+    """Write a zoo model's variables as Hugging Face safetensors: `model.safetensors`,
+    or shards and `model.safetensors.index.json` when they exceed `max_shard_size`.
+
+    Args:
+        model: a zoo backbone or task model.
+        folder: an existing folder to write into.
+        family: the family module of the model.
+        max_shard_size: bytes per shard; None writes one file.
+
+    Returns:
+        The names of the files written.
+
+    Example:
+    >>> save_from(model, Path("out"), llama, max_shard_size=2**30)
+    ['model.safetensors']
+    """
+    from safetensors.numpy import save_file
+
+    folder = Path(folder)
+    tensors = {}
+    for entry in family.weight_map(model):
+        array = np.asarray(entry.variable.numpy())
+        tensors[hf_name(entry, family, model.task)] = np.ascontiguousarray(array.T if entry.transpose else array)
+    groups = shards(tensors, max_shard_size)
+    if len(groups) == 1:
+        save_file(tensors, folder / WEIGHTS, metadata={"format": "pt"})
+        return [WEIGHTS]
+    index = {}
+    for i, keys in enumerate(groups, 1):
+        name = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
+        save_file({k: tensors[k] for k in keys}, folder / name, metadata={"format": "pt"})
+        index.update({k: name for k in keys})
+    total = sum(a.nbytes for a in tensors.values())
+    (folder / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": index}, indent=2) + "\n")
+    return sorted(set(index.values())) + [INDEX]
+
+
+def shards(tensors: dict, max_shard_size) -> list[list[str]]:
+    """Tensor names grouped, in order, into shards of at most `max_shard_size` bytes, so
+    that large checkpoints are written as Hugging Face shards.
+
+    Args:
+        tensors: name -> numpy array, in file order.
+        max_shard_size: bytes per shard; None or 0 for one group. A tensor larger than
+            that gets a shard of its own.
+
+    Returns:
+        A list of lists of tensor names.
+
+    Example:
+    >>> shards({"a": np.zeros(4, "float32"), "b": np.zeros(4, "float32")}, 16)
+    [['a'], ['b']]
+    """
+    if not max_shard_size:
+        return [list(tensors)]
+    groups, current, size = [], [], 0
+    for key, array in tensors.items():
+        if current and size + array.nbytes > max_shard_size:
+            groups.append(current)
+            current, size = [], 0
+        current.append(key)
+        size += array.nbytes
+    return groups + [current]
