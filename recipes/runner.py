@@ -243,6 +243,7 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
         model.fit(
             train, epochs=recipe.steps // interval, initial_epoch=start // interval, steps_per_epoch=interval * k,
             validation_data=valid, callbacks=[tracker, *callbacks], verbose=verbose,
+            shuffle=False,  # the pipeline shuffles, seeded; fit's own shuffle only warns for a dataset
         )
         if tracker.started is not None:
             result.tokens_per_second = tracker.tokens_per_second()

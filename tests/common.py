@@ -35,3 +35,10 @@ def tiny_recipe(recipe, steps=20, **changes):
     base = dict(model_overrides=shape, batch_size=8, sequence_length=32, accumulation_steps=1, steps=steps,
                 warmup_steps=2, log_every=10, checkpoint_every=10, shuffle_buffer=64, max_predictions=5)
     return recipe.replace(**{**base, **changes})
+
+
+def llama_cpp_permute(weight, heads):
+    """llama.cpp's convert_hf_to_gguf.py `LlamaModel.permute` (Hugging Face -> GGUF row order),
+    written out here independently of zoo's inverse."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
+        weight.shape)

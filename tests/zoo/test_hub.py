@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 import zoo
-from tests.common import REPO, exact_gelu
+from tests.common import REPO, exact_gelu, llama_cpp_permute
 from zoo import hub
 
 FIXTURES = REPO / "tests" / "fixtures" / "hf"
@@ -586,13 +586,6 @@ def test_saved_config_is_transformers_5_and_reloads(tmp_path):
 
 
 # --- GGUF: llama.cpp's Q/K permutation, checked against transformers ---------------------
-def llama_cpp_permute(weight, heads):
-    """llama.cpp's convert_hf_to_gguf.py `LlamaModel.permute` (Hugging Face -> GGUF row order),
-    written out here independently of zoo's inverse."""
-    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
-        weight.shape)
-
-
 def write_gguf(folder, path):
     """A float32 llama GGUF of a Hugging Face Llama folder, as llama.cpp's converter lays it out."""
     import gguf

@@ -23,8 +23,7 @@ import pytest
 from safetensors import safe_open
 
 import zoo
-from tests.common import exact_gelu
-from tests.zoo.test_hub import llama_cpp_permute
+from tests.common import exact_gelu, llama_cpp_permute
 from zoo import hub
 from zoo.generation import generate
 

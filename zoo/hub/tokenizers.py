@@ -123,7 +123,10 @@ def load_tokenizer(folder):
 
     folder = Path(folder)
     settings = read_json(folder / "tokenizer_config.json")
-    lowercase = bool(settings.get("do_lower_case", False))
+    # Without tokenizer_config.json, tokenizer.json's normalizer says whether BERT is uncased.
+    normalizer = (read_json(folder / "tokenizer.json").get("normalizer") or {}) if "do_lower_case" not in settings \
+        else {}
+    lowercase = bool(settings.get("do_lower_case", normalizer.get("lowercase", False)))
     if (folder / WORDPIECE_FILE).exists():
         return wordpiece(folder, lowercase=lowercase)
     if all((folder / name).exists() for name in BPE_FILES):
