@@ -233,16 +233,23 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
     k = recipe.accumulation_steps
     result = Result(out_dir=out_dir, start_step=start, step=start, model=model)
     train = data_lib.pipeline(recipe, tokenizer, train_docs, labels, training=True, skip=start * k)
-    valid = None
+    valid, valid_steps = None, None
     if valid_docs is not None:
         valid = data_lib.pipeline(recipe, tokenizer, valid_docs, labels, training=False).take(validation_batches)
+        # fit keeps one validation iterator for the whole run: a known count over a repeated set
+        # evaluates the same batches every interval, and never "runs out of data".
+        valid_steps = int(valid.reduce(0, lambda count, _: count + 1))
+        if not valid_steps:
+            raise ValueError(f"validation_every={validation_every} holds out too little text for one batch of "
+                             f"{recipe.batch_size}; lower --validation-every or the batch size.")
+        valid = valid.repeat()
     tracker = _Intervals(recipe, out_dir, interval, result)
     device = _device()
     tf.config.experimental.reset_memory_stats(device)
     if start < recipe.steps:
         model.fit(
             train, epochs=recipe.steps // interval, initial_epoch=start // interval, steps_per_epoch=interval * k,
-            validation_data=valid, callbacks=[tracker, *callbacks], verbose=verbose,
+            validation_data=valid, validation_steps=valid_steps, callbacks=[tracker, *callbacks], verbose=verbose,
             shuffle=False,  # the pipeline shuffles, seeded; fit's own shuffle only warns for a dataset
         )
         if tracker.started is not None:
