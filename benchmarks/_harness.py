@@ -28,7 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from tools.assets import fetch
 
-__all__ = ["GiB", "ChildRun", "PeakMemory", "child_main", "fetch", "peak_rss_gib", "run_child"]
+__all__ = ["GiB", "ChildRun", "PeakMemory", "child_main", "fetch", "peak_rss_gib", "run_child", "zoo_cli"]
 
 GiB = 2**30
 CHILD_FLAG = "--child"
@@ -170,3 +170,21 @@ class PeakMemory:
         self.step_gib = self.peak_gib - self.base_gib
         self.rss_gib = peak_rss_gib()
         return False
+
+
+def zoo_cli(*args, timeout=None) -> tuple:
+    """Run `python -m zoo.cli ARGS` as a user would; returns (seconds, stdout, its last line as JSON).
+
+    Args:
+        *args: the command line after `zoo`.
+        timeout: seconds before the command is killed (None: no limit).
+
+    Returns:
+        (wall seconds, the whole stdout, the final JSON line parsed).
+    """
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "zoo.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=Path(__file__).resolve().parents[1])
+    if done.returncode:
+        raise RuntimeError(f"zoo {' '.join(map(str, args))} failed:\n{done.stderr[-STDERR_CHARS:]}")
+    return time.perf_counter() - started, done.stdout, json.loads(done.stdout.strip().splitlines()[-1])
