@@ -233,13 +233,15 @@ def rows(recipe, tokenizer, docs, labels=None) -> tf.data.Dataset:
 def pipeline(recipe, tokenizer, docs, labels=None, training=True, skip=0) -> tf.data.Dataset:
     """Batches of (inputs, targets[, weights]) for `model.fit`.
 
-    training: cache, seeded shuffle, repeat forever and skip the first `skip`
+    training: seeded shuffle, repeat forever and skip the first `skip`
     micro-batches (a resumed run's position). Otherwise one pass, in order.
     """
     ids = vocab_lib.special_ids(tokenizer)
+    # No cache(): a corpus-sized cache costs memory, and one that a run stops reading part-way
+    # (every run does) makes tf.data warn that it discards it. Each pass re-tokenizes instead.
     ds = rows(recipe, tokenizer, docs, labels)
-    if training:  # one pass otherwise: a cache read in part (validation takes a few batches) only warns
-        ds = ds.cache().shuffle(recipe.shuffle_buffer, seed=recipe.seed, reshuffle_each_iteration=True).repeat()
+    if training:
+        ds = ds.shuffle(recipe.shuffle_buffer, seed=recipe.seed, reshuffle_each_iteration=True).repeat()
     ds = ds.batch(recipe.batch_size, drop_remainder=training)
     if skip:
         ds = ds.skip(skip)
