@@ -13,7 +13,7 @@ import pytest
 import recipes
 import zoo
 from recipes import optim, state
-from tests.common import REPO, tiny_recipe
+from tests.common import tiny_recipe
 
 ONE_LAYER = dict(num_layers=1, hidden_dim=32, num_heads=2, num_kv_heads=1, intermediate_dim=64, vocab_size=256)
 
@@ -212,11 +212,22 @@ def _zoo(argv):
     return args.func(args)
 
 
-def test_zoo_train_is_registered_as_an_entry_point():
-    import tomllib
+def test_train_and_eval_are_installed_entry_points_of_the_zoo_command():
+    """The installed metadata (not pyproject's text) names the commands, and loading them
+    adds working subcommands to zoo's own parser: what `zoo train` / `zoo eval` run."""
+    from importlib.metadata import entry_points
 
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert project["project"]["entry-points"]["zoo.commands"]["train"] == "recipes.cli:register"
+    from zoo.cli import build_parser
+
+    commands = {entry.name: entry for entry in entry_points(group="zoo.commands")}
+    assert {"train", "eval"} <= set(commands)
+    from recipes import cli
+
+    assert commands["train"].load() is cli.register and commands["eval"].load() is cli.register_eval
+    parser = build_parser()
+    args = parser.parse_args(["train", "enc-mini", "--data", "x.txt", "--steps", "3"])
+    assert args.func is cli._train and args.steps == 3
+    assert parser.parse_args(["eval", "runs/x", "--data", "y.txt"]).func is cli._eval
 
 
 def test_cli_train_resolves_the_recipe_and_names_bad_input(tmp_path, capsys):
