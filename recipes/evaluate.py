@@ -48,10 +48,12 @@ class Evaluation:
 
     def table(self) -> str:
         if self.task == "classifier":
+            corner = "true \\ predicted"
             width = max(len(str(name)) for name in self.labels) + 2
+            first = max(width, len(corner) + 2)
             lines = [f"accuracy {self.accuracy:.4f} on {self.examples} examples", "",
-                     "true \\ predicted".ljust(width) + "".join(str(n).rjust(width) for n in self.labels)]
-            lines += [str(name).ljust(width) + "".join(str(c).rjust(width) for c in row)
+                     corner.ljust(first) + "".join(str(n).rjust(width) for n in self.labels)]
+            lines += [str(name).ljust(first) + "".join(str(c).rjust(width) for c in row)
                       for name, row in zip(self.labels, self.confusion)]
             return "\n".join(lines)
         return (f"perplexity {self.perplexity:.3f} (loss {self.loss:.4f} nats/token) "
