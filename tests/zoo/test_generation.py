@@ -65,12 +65,20 @@ def test_cached_logits_match_the_full_forward_pass(model):
 
 
 def test_stop_tokens_end_each_row(model):
+    """Every row ends at its own first stop token: row 0 at one stop id, row 1 at
+    another, several positions apart; everything after a row's stop is padding (0)."""
     full = generate(model, PROMPT, 10)
-    stop = int(full[0, 7])  # the third new token of row 0
-    cut = generate(model, PROMPT, 10, stop_token_ids=[stop])
-    first = 5 + int(np.flatnonzero(full[0, 5:] == stop)[0])
-    np.testing.assert_array_equal(cut[0, :first + 1], full[0, :first + 1])
-    assert not cut[0, first + 1:].any()
+    new = full[:, 5:]
+    stops = [int(new[0, 2]), int(new[1, 6])]
+    cut = generate(model, PROMPT, 10, stop_token_ids=stops)
+    expected, ends = full.copy(), []
+    for row in range(len(full)):
+        end = 5 + int(np.flatnonzero(np.isin(new[row], stops))[0])  # the row's first generated stop
+        expected[row, end + 1:] = 0
+        ends.append(end)
+        assert full[row, end + 1:].any(), "the cut must remove real tokens"
+    assert len(set(ends)) == len(ends), f"rows must stop at different positions, got {ends}"
+    np.testing.assert_array_equal(cut, expected)
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy(model):
