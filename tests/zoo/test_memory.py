@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import zoo
+from tests.common import REPO
 from zoo import memory
 from zoo.cli import main
 
@@ -98,7 +99,8 @@ def test_largest_batch_is_the_last_that_fits():
 
 def test_cli_runs_as_a_module():
     """One real `python -m zoo.cli` process; the other CLI tests call zoo.cli.main in-process."""
-    out = subprocess.run([sys.executable, "-m", "zoo.cli", "list"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-m", "zoo.cli", "list"], capture_output=True, text=True, timeout=300,
+                         cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     assert all(name in out.stdout for name in zoo.names())
 
