@@ -224,6 +224,7 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
     model = build(recipe, len(labels) if labels else None)
     model.optimizer.build(model.trainable_variables)
     start = 0
+    state.discard_partial(out_dir)
     found = state.checkpoints(out_dir)
     if found:
         start = state.restore(found[-1][1], model, model.optimizer)

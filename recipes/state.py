@@ -76,6 +76,23 @@ def checkpoints(out_dir):
     return sorted(found)
 
 
+def discard_partial(out_dir):
+    """Clean up after a checkpoint write that was killed mid-way (SIGKILL, power loss),
+    which gave `atomic_path` no chance to: its temporary `.step-N.tmp-*` folder is
+    removed, and an earlier copy moved aside as `.step-N.old-*` is put back if the
+    new one never took its place."""
+    root = os.path.join(out_dir, CHECKPOINTS)
+    if not os.path.isdir(root):
+        return
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        final = os.path.join(root, name[1:].split(".", 1)[0])
+        if name.startswith(".step-") and ".old-" in name and not os.path.exists(final):
+            os.replace(path, final)
+        elif name.startswith(".step-") and (".tmp-" in name or ".old-" in name):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def _arrays(variables):
     return {f"{i:05d}": np.asarray(v.value) for i, v in enumerate(variables)}
 

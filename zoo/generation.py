@@ -4,7 +4,8 @@
 
 The prompt runs through the blocks once and fills a [B, 2, T, KV, D] cache per
 block (`DecoderCausalLM.call_with_cache`); every further token then costs one position.
-The decode loop and the sampling are keras-hub's `Sampler` (greedy, top-k, top-p),
+The decode loop and the sampling are keras-hub's `Sampler` (greedy, top-k, top-p,
+temperature),
 compiled with `tf.function` once per (batch, prompt length, total length).
 `use_cache=False` reruns the whole prefix for each token: the baseline the
 benchmark compares against.
@@ -15,11 +16,13 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-SAMPLERS = ("greedy", "top_k", "top_p")
+SAMPLERS = ("greedy", "top_k", "top_p", "temperature")
 
 
 def make_sampler(sampler="greedy", seed=None, top_k=50, top_p=0.9, temperature=1.0):
-    """A keras-hub sampler from a name ("greedy", "top_k"/"top-k", "top_p"/"top-p")."""
+    """A keras-hub sampler from a name: "greedy", "top_k"/"top-k", "top_p"/"top-p", or
+    "temperature" (also "random": keras-hub's `RandomSampler`, a draw from the whole
+    softmax(logits / temperature))."""
     import keras_hub
 
     if not isinstance(sampler, str):
@@ -31,6 +34,8 @@ def make_sampler(sampler="greedy", seed=None, top_k=50, top_p=0.9, temperature=1
         return keras_hub.samplers.TopKSampler(k=top_k, seed=seed, temperature=temperature)
     if name == "top_p":
         return keras_hub.samplers.TopPSampler(p=top_p, seed=seed, temperature=temperature)
+    if name in ("temperature", "random"):
+        return keras_hub.samplers.RandomSampler(seed=seed, temperature=temperature)
     raise ValueError(f"Unknown sampler {sampler!r}; known: {', '.join(SAMPLERS)} (or a keras_hub sampler).")
 
 
@@ -111,8 +116,8 @@ def generate(model, prompt, max_new_tokens=32, sampler="greedy", seed=None, toke
         model: a decoder language model (`zoo.get("dec-...")` or `zoo.hub.load`).
         prompt: a string, a list of strings, or token ids ([P] or a list of rows).
         max_new_tokens: how many tokens to add to each prompt.
-        sampler: "greedy", "top_k" (top_k=), "top_p" (top_p=), "temperature"
-            (temperature=), or a keras-hub `Sampler`.
+        sampler: "greedy", "top_k" (top_k=), "top_p" (top_p=), "temperature" (or "random":
+            samples the whole softmax(logits / temperature)), or a keras-hub `Sampler`.
         seed: fixes the draws of a random sampler (same seed, same text).
         tokenizer: for text prompts; default: the model's `tokenizer` attribute.
         use_cache: run each new token against a key/value cache (False reruns the prefix).

@@ -25,12 +25,18 @@ def test_sources_agree_and_skip_empty_documents(tmp_path):
     txt, lines = _corpus(tmp_path)
     csv_path = tmp_path / "corpus.csv"
     csv_path.write_text("id,body,label\n" + "".join(f'{i},"{t}",{"ab"[i % 2]}\n' for i, t in enumerate(lines)))
+    tsv = tmp_path / "corpus.tsv"
+    tsv.write_text("label\tbody\n" + "".join(f'{"ab"[i % 2]}\t{t}, and more\n' for i, t in enumerate(lines)))
     jsonl = tmp_path / "corpus.jsonl"
     jsonl.write_text("".join(json.dumps({"body": t, "label": "ab"[i % 2]}) + "\n" for i, t in enumerate(lines)))
     from_txt = [t.decode() for t in data.documents(str(txt)).as_numpy_iterator()]
     from_csv = [t.decode() for t in data.documents(str(csv_path), column="body").as_numpy_iterator()]
     from_jsonl = [t.decode() for t in data.documents(str(jsonl), column="body").as_numpy_iterator()]
     assert from_txt == from_csv == from_jsonl == lines
+    # .tsv: only tabs separate fields; a comma is text
+    tsv_pairs = list(data.documents(str(tsv), column="body", label_column="label").as_numpy_iterator())
+    assert [(t.decode(), y.decode()) for t, y in tsv_pairs] == [(f"{t}, and more", "ab"[i % 2])
+                                                                for i, t in enumerate(lines)]
     pairs = list(data.documents(str(jsonl), column="body", label_column="label").as_numpy_iterator())
     assert [p[1].decode() for p in pairs[:3]] == ["a", "b", "a"]
     assert data.labels_of(data.documents(str(csv_path), column="body", label_column="label")) == ["a", "b"]
@@ -53,6 +59,43 @@ def test_bad_sources_name_the_problem(tmp_path):
         data.documents(str(blank))
     with pytest.raises(FileNotFoundError, match="could not load 'no_such_dataset'"):
         data.documents("tfds:no_such_dataset:train", data_dir=str(tmp_path))
+
+
+def test_tfds_source_prepared_locally(tmp_path, recipes_vocab, monkeypatch):
+    """`tfds:NAME[:SPLIT]` with --data-dir: a dataset prepared with TensorFlow Datasets'
+    own builder into a temporary data_dir (nothing downloaded), read back by name,
+    with its text and ClassLabel features, and batched by the classify pipeline."""
+    import importlib.resources.abc
+    import sys
+
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    # tensorflow-datasets 4.9.10 imports the `importlib_resources` backport when it prepares a
+    # dataset but declares it only for Python < 3.9; the standard library's module is the same API.
+    monkeypatch.setitem(sys.modules, "importlib_resources", importlib.resources)
+    _, lines = _corpus(tmp_path)
+    splits = {"train": lines[:30], "test": lines[30:]}
+    tfds.dataset_builders.store_as_tfds_dataset(
+        name="zoo_tiny_text", version="1.0.0", data_dir=str(tmp_path / "tfds"),
+        features=tfds.features.FeaturesDict({"sentence": tfds.features.Text(),
+                                             "label": tfds.features.ClassLabel(names=["neg", "pos"])}),
+        split_datasets={name: tf.data.Dataset.from_tensor_slices(
+            {"sentence": texts, "label": [i % 2 for i in range(len(texts))]}) for name, texts in splits.items()},
+        disable_shuffling=True,
+    )
+    source = dict(column="sentence", data_dir=str(tmp_path / "tfds"))
+    train = [t.decode() for t in data.documents("tfds:zoo_tiny_text", **source).as_numpy_iterator()]
+    assert train == splits["train"]  # the default split is train
+    pairs = list(data.documents("tfds:zoo_tiny_text:test", label_column="label", **source).as_numpy_iterator())
+    assert [(t.decode(), y.decode()) for t, y in pairs] == [(t, str(i % 2)) for i, t in enumerate(splits["test"])]
+    with pytest.raises(ValueError, match="Text feature 'text' is not in 'tfds:zoo_tiny_text'.*label, sentence"):
+        data.documents("tfds:zoo_tiny_text", data_dir=str(tmp_path / "tfds"))
+    docs = data.documents("tfds:zoo_tiny_text:test", label_column="label", **source)
+    tok = vocab.load(recipes_vocab["bert"], "bert")
+    x, y = next(iter(data.pipeline(tiny_recipe("classify", batch_size=4, sequence_length=16), tok, docs,
+                                   data.labels_of(docs), training=False)))
+    assert x["token_ids"].shape == (4, 16) and y.numpy().tolist() == [0, 1, 0, 1]
 
 
 @pytest.fixture(scope="module")

@@ -1,76 +1,285 @@
-"""A run killed with SIGKILL mid-training and started again on the same out_dir
-ends with exactly the weights of an uninterrupted run of the same length.
+"""A run interrupted anywhere and started again on the same out_dir ends bitwise
+equal to an uninterrupted run of the same length: weights, dropout seed states and
+optimizer state (moments, step counters, accumulators, loss scale).
 
-Exact (bitwise) because the causal-LM pipeline is deterministic (seeded shuffle,
-ordered maps, skip to the resumed position), the model's dropout seeds are
-checkpointed with its weights, and the optimizer state (moments, step counter)
-is restored. The masked-LM pipeline is not: tf.text draws its masks from stateful
-random ops, so a resumed MLM run sees other masks than an uninterrupted one.
+Exact because the causal-LM pipeline is deterministic (seeded shuffle, ordered
+maps, `skip` to the resumed micro-batch), every model variable (dropout seed
+states included) and every optimizer variable is checkpointed, and each run seeds
+the same global RNG. The masked-LM pipeline is not: tf.text draws its masks from
+stateful random ops, so a resumed MLM run sees other masks than an uninterrupted
+one; these tests train the causal LM.
+
+One uninterrupted reference run (8 steps, a checkpoint every 2) is shared by the
+tests. Interruptions are in-process exceptions, except the one real SIGKILL, which
+lands inside a checkpoint write.
 """
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 
+import keras
 import numpy as np
+import pytest
 from safetensors.numpy import load_file
 
+import recipes
 from recipes import state
 from tests.common import REPO, tiny_recipe
 
-SCRIPT = """
-import json, os, signal, sys
-import keras, recipes
-recipe = recipes.Recipe(**json.loads(sys.argv[1]))
-kill_at = int(sys.argv[4])
+STEPS = 8
+# One configuration exercises every piece of state a resume must restore: dropout on
+# (seed states) under `full` recomputation, 2 micro-batches per update (the data
+# position is 2 x step; accumulators), mixed_float16 (loss scale and its counter).
+CONFIG = dict(precision="mixed_float16", checkpointing="full", accumulation_steps=2, keep_checkpoints=3)
 
-class KillAt(keras.callbacks.Callback):
+
+def make_recipe(vocabulary):
+    recipe = tiny_recipe("dec-base", steps=STEPS, log_every=2, checkpoint_every=2, batch_size=4,
+                         learning_rate=3e-3, vocabulary=vocabulary, **CONFIG)
+    return recipe.replace(model_overrides={**recipe.model_overrides, "dropout": 0.1})
+
+
+class Interrupted(Exception):
+    pass
+
+
+class InterruptAt(keras.callbacks.Callback):
+    """Raises after `micro_batches` training batches, as a crash between two batches would."""
+
+    def __init__(self, micro_batches):
+        super().__init__()
+        self.micro_batches, self.seen = micro_batches, 0
+
     def on_train_batch_end(self, batch, logs=None):
-        if kill_at and int(self.model.optimizer.iterations) >= kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no atexit, mid-run
+        self.seen += 1
+        if self.seen == self.micro_batches:
+            raise Interrupted(f"after micro-batch {self.seen}")
 
-recipes.run(recipe, sys.argv[2], sys.argv[3], column="text", callbacks=[KillAt()], verbose=0)
+
+def fast_loss_scale_growth():
+    """Keras doubles the float16 loss scale after 2,000 finite steps; here after 2, so
+    that the scale and its step counter change within the run and a resume must
+    restore them. Returns a function that undoes the patch."""
+    import keras.src.trainers.trainer as trainer
+
+    real = trainer.LossScaleOptimizer
+
+    class FastGrowth(real):
+        def __init__(self, inner_optimizer, **kwargs):
+            super().__init__(inner_optimizer, dynamic_growth_steps=2, **kwargs)
+
+    trainer.LossScaleOptimizer = FastGrowth
+    return lambda: setattr(trainer, "LossScaleOptimizer", real)
+
+
+@pytest.fixture(autouse=True)
+def _fast_loss_scale_growth():
+    undo = fast_loss_scale_growth()
+    yield
+    undo()
+
+
+def train(vocabulary, data, out_dir, callbacks=()):
+    return recipes.run(make_recipe(vocabulary), data, str(out_dir), column="text", callbacks=callbacks,
+                       verbose=0)
+
+
+def final_state(out_dir):
+    """{name: array} of the last checkpoint: model and optimizer variables by path."""
+    step, folder = state.checkpoints(str(out_dir))[-1]
+    with open(os.path.join(folder, "state.json"), encoding="utf-8") as f:
+        names = json.load(f)
+    arrays = {}
+    for kind in ("model", "optimizer"):
+        stored = load_file(os.path.join(folder, f"{kind}.safetensors"))
+        # Paths without their first part: an optimizer built again in one process is "adam_w_1".
+        arrays.update({f"{kind}:{i}:{path.split('/', 1)[-1]}": stored[f"{i:05d}"]
+                       for i, path in enumerate(names[f"{kind}_variables"])})
+    return step, arrays
+
+
+def assert_same_state(resumed_dir, reference):
+    step, got = final_state(resumed_dir)
+    ref_step, expected = reference
+    assert step == ref_step == STEPS
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def leftovers(out_dir):
+    """Anything in checkpoints/ that is not a complete step-N folder (temporaries of atomic writes)."""
+    root = os.path.join(str(out_dir), state.CHECKPOINTS)
+    return sorted(n for n in os.listdir(root) if not (n.startswith("step-") and "." not in n))
+
+
+def snapshot(folder):
+    return {os.path.relpath(os.path.join(d, n), folder): open(os.path.join(d, n), "rb").read()
+            for d, _, names in os.walk(folder) for n in names}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, recipes_news, recipes_vocab):
+    """The uninterrupted run: (out_dir, final (step, arrays))."""
+    undo = fast_loss_scale_growth()  # module scope: the autouse patch is not active yet
+    try:
+        out = tmp_path_factory.mktemp("reference")
+        result = train(recipes_vocab["llama"], recipes_news, out)
+    finally:
+        undo()
+    assert [row["step"] for row in result.history] == [2, 4, 6, 8]
+    assert all(np.isfinite(row["loss"]) for row in result.history)
+    assert [step for step, _ in state.checkpoints(str(out))] == [4, 6, 8]  # keep_checkpoints=3
+    final = final_state(out)
+    scale = [value for name, value in final[1].items() if name.endswith("dynamic_scale")]
+    assert len(scale) == 1 and float(scale[0]) != 2.0**15, "the loss scale must change during the run"
+    return out, final
+
+
+# ----------------------------------------------------------------------------- the real SIGKILL
+KILL_SCRIPT = """
+import json, os, signal, sys
+import recipes
+from recipes import state
+from tests.recipes.test_resume import fast_loss_scale_growth
+
+real = state.save_file
+
+def save_file(tensors, filename, *args, **kwargs):
+    # Inside the write of the step-4 checkpoint: its model file is written, the optimizer's is not.
+    if "step-000000004" in filename and filename.endswith("optimizer.safetensors"):
+        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no atexit, no finally
+    return real(tensors, filename, *args, **kwargs)
+
+state.save_file = save_file
+fast_loss_scale_growth()
+recipe = recipes.Recipe(**json.loads(sys.argv[1]))
+recipes.run(recipe, sys.argv[2], sys.argv[3], column="text", verbose=0)
 """
 
 
-def _train(recipe, data, out_dir, kill_at=0):
+def test_sigkill_inside_a_checkpoint_write_then_resume(tmp_path, recipes_news, recipes_vocab, reference, capsys):
+    """Killed (SIGKILL) half-way through writing the step-4 checkpoint: the complete
+    step-2 checkpoint is all a resumed run sees; it restarts at step 2, removes the
+    half-written folder and ends equal to the uninterrupted run."""
+    recipe = make_recipe(recipes_vocab["llama"])
+    killed = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
            "TF_CPP_MIN_LOG_LEVEL": "2"}
-    args = [sys.executable, "-c", SCRIPT, json.dumps(recipe.to_dict()), data, out_dir, str(kill_at)]
-    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    args = [sys.executable, "-c", KILL_SCRIPT, json.dumps(recipe.to_dict()), recipes_news, str(killed)]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == -signal.SIGKILL, done.stdout[-2000:] + done.stderr[-3000:]
+    assert [step for step, _ in state.checkpoints(str(killed))] == [2]
+    partial = leftovers(killed)
+    assert len(partial) == 1 and partial[0].startswith(".step-000000004.tmp-"), partial  # killed inside the write
+    assert os.listdir(killed / state.CHECKPOINTS / partial[0]) == ["model.safetensors"]
+    assert not (killed / "model.keras").exists()
+
+    capsys.readouterr()
+    result = train(recipes_vocab["llama"], recipes_news, killed)
+    assert "Resuming dec-base from step 2" in capsys.readouterr().out
+    assert (result.start_step, result.step) == (2, STEPS)
+    assert leftovers(killed) == []
+    assert (killed / "model.keras").is_file()
+    assert_same_state(killed, reference[1])
 
 
-def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path, recipes_news, recipes_vocab):
-    recipe = tiny_recipe("dec-base", steps=12, log_every=4, checkpoint_every=4, precision="float32",
-                  learning_rate=3e-3, vocabulary=recipes_vocab["llama"])
-    # Dropout on, so that resuming must also restore the dropout seed state.
-    recipe = recipe.replace(model_overrides={**recipe.model_overrides, "dropout": 0.1})
-    straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+# ----------------------------------------------------------------------------- in-process interruptions
+def test_interrupted_twice_then_resumed(tmp_path, recipes_news, recipes_vocab, reference, capsys, monkeypatch):
+    """1. Interrupted half-way through update 6 (after micro-batch 11 of 2 per update):
+    the last checkpoint is step 4. 2. Resumed from step 4, skipping 4 x 2 = 8
+    micro-batches; this run fails inside the write of the step-6 checkpoint (the
+    writer raises after the model file): the step-4 checkpoint is untouched and no
+    temporary is left. 3. Resumed from step 4 again, it ends equal to the
+    uninterrupted run: weights, seed states, moments, loss scale and counters."""
+    out = tmp_path / "run"
+    vocabulary = recipes_vocab["llama"]
+    with pytest.raises(Interrupted):
+        train(vocabulary, recipes_news, out, callbacks=[InterruptAt(11)])
+    assert [step for step, _ in state.checkpoints(str(out))] == [2, 4]
+    assert not (out / "model.keras").exists()
 
-    runs = [_train(recipe, recipes_news, straight), _train(recipe, recipes_news, killed, kill_at=9)]
-    outputs = [p.communicate(timeout=600)[0] for p in runs]
-    assert runs[0].returncode == 0, outputs[0]
-    assert runs[1].returncode == -signal.SIGKILL, outputs[1]
-    # Killed after step 9: the checkpoints of steps 4 and 8 are complete, nothing half-written.
-    assert [step for step, _ in state.checkpoints(killed)] == [4, 8]
-    assert not os.path.exists(os.path.join(killed, "model.keras"))
-    assert not [n for n in os.listdir(os.path.join(killed, "checkpoints")) if ".tmp" in n]
+    real, before = state.save_file, {}
 
-    resumed = _train(recipe, recipes_news, killed)
-    output = resumed.communicate(timeout=600)[0]
-    assert resumed.returncode == 0, output
-    assert "Resuming dec-base from step 8" in output
+    def failing(tensors, filename, *args, **kwargs):
+        if "step-000000006" in filename and filename.endswith("optimizer.safetensors"):
+            before.update(snapshot(out / state.CHECKPOINTS))
+            raise OSError("No space left on device")
+        return real(tensors, filename, *args, **kwargs)
 
-    final = {}
-    for name, folder in (("straight", straight), ("killed", killed)):
-        step, path = state.checkpoints(folder)[-1]
-        assert step == 12
-        final[name] = load_file(os.path.join(path, "model.safetensors"))
-        final[name + "_opt"] = load_file(os.path.join(path, "optimizer.safetensors"))
-    for key in final["straight"]:
-        np.testing.assert_array_equal(final["killed"][key], final["straight"][key], err_msg=key)
-    for key in final["straight_opt"]:
-        np.testing.assert_array_equal(final["killed_opt"][key], final["straight_opt"][key], err_msg=key)
-    assert len(final["straight"]) > 10
+    monkeypatch.setattr(state, "save_file", failing)
+    capsys.readouterr()
+    with pytest.raises(OSError, match="No space left"):
+        train(vocabulary, recipes_news, out)
+    assert "Resuming dec-base from step 4" in capsys.readouterr().out
+    monkeypatch.setattr(state, "save_file", real)
+    assert [step for step, _ in state.checkpoints(str(out))] == [2, 4]
+    assert leftovers(out) == []
+    complete = {k: v for k, v in before.items() if k.startswith("step-")}  # without the half-written temporary
+    assert sorted({k.split(os.sep)[0] for k in complete}) == ["step-000000002", "step-000000004"]
+    assert snapshot(out / state.CHECKPOINTS) == complete
+
+    result = train(vocabulary, recipes_news, out)
+    assert "Resuming dec-base from step 4" in capsys.readouterr().out
+    assert (result.start_step, result.step) == (4, STEPS) and [row["step"] for row in result.history] == [6, 8]
+    assert [step for step, _ in state.checkpoints(str(out))] == [4, 6, 8]
+    assert_same_state(out, reference[1])
+
+
+def test_out_dir_of_another_recipe_is_refused_untouched(tmp_path, recipes_news, recipes_vocab, reference):
+    """A finished run's out_dir, resumed with another learning rate: refused before
+    anything is written, every file (checkpoints, logs, model.keras) as it was."""
+    out = tmp_path / "copy"
+    shutil.copytree(reference[0], out)
+    before = snapshot(out)
+    assert "model.keras" in before and any(name.startswith("logs") for name in before)
+    other = make_recipe(recipes_vocab["llama"]).replace(learning_rate=1e-3)
+    with pytest.raises(ValueError, match=r"different recipe \(fields \['learning_rate'\] differ\)"):
+        recipes.run(other, recipes_news, str(out), column="text", verbose=0)
+    assert snapshot(out) == before
+
+
+# ----------------------------------------------------------------------------- the checkpoint writer alone
+def test_checkpoint_write_failing_half_way_keeps_the_earlier_copy(tmp_path, monkeypatch):
+    """recipes.state.save through zoo.files.atomic_path: a write that raises half-way
+    (after the model file) leaves the earlier checkpoint of the same step bytewise
+    intact and no temporary; so does a failing write of a new step. What a kill
+    between atomic_path's two renames would leave is repaired on the next run."""
+    layer = keras.layers.Dense(2)
+    model = keras.Sequential([keras.Input((3,)), layer])
+    opt = keras.optimizers.Adam()
+    opt.build(model.trainable_variables)
+    out, root = str(tmp_path), tmp_path / state.CHECKPOINTS
+    state.save(out, 2, model, opt)
+    before = snapshot(root)
+    layer.kernel.assign(np.ones((3, 2)))
+    real = state.save_file
+
+    def failing(tensors, filename, *args, **kwargs):
+        if filename.endswith("optimizer.safetensors"):
+            assert os.path.isfile(os.path.join(os.path.dirname(filename), "model.safetensors"))  # half-way
+            raise KeyboardInterrupt
+        return real(tensors, filename, *args, **kwargs)
+
+    monkeypatch.setattr(state, "save_file", failing)
+    for step in (2, 4):  # the same step again (a resumed run), then a new one
+        with pytest.raises(KeyboardInterrupt):
+            state.save(out, step, model, opt)
+        assert snapshot(root) == before and os.listdir(root) == ["step-000000002"]
+    monkeypatch.setattr(state, "save_file", real)
+    state.save(out, 2, model, opt)
+    assert snapshot(root) != before and os.listdir(root) == ["step-000000002"]
+    saved = snapshot(root)
+
+    # Killed between "move the earlier copy aside" and "move the new one in": both survive as temporaries.
+    os.replace(root / "step-000000002", root / ".step-000000002.old-0badf00d")
+    (root / ".step-000000002.tmp-0badf00d").mkdir()
+    (root / ".step-000000002.tmp-0badf00d" / "model.safetensors").write_bytes(b"half")
+    (root / ".step-000000004.tmp-12345678").mkdir()
+    state.discard_partial(out)
+    assert os.listdir(root) == ["step-000000002"] and snapshot(root) == saved
+    assert state.restore(str(root / "step-000000002"), model, opt) == 2

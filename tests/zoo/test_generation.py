@@ -65,12 +65,20 @@ def test_cached_logits_match_the_full_forward_pass(model):
 
 
 def test_stop_tokens_end_each_row(model):
+    """Every row ends at its own first stop token: row 0 at one stop id, row 1 at
+    another, several positions apart; everything after a row's stop is padding (0)."""
     full = generate(model, PROMPT, 10)
-    stop = int(full[0, 7])  # the third new token of row 0
-    cut = generate(model, PROMPT, 10, stop_token_ids=[stop])
-    first = 5 + int(np.flatnonzero(full[0, 5:] == stop)[0])
-    np.testing.assert_array_equal(cut[0, :first + 1], full[0, :first + 1])
-    assert not cut[0, first + 1:].any()
+    new = full[:, 5:]
+    stops = [int(new[0, 2]), int(new[1, 6])]
+    cut = generate(model, PROMPT, 10, stop_token_ids=stops)
+    expected, ends = full.copy(), []
+    for row in range(len(full)):
+        end = 5 + int(np.flatnonzero(np.isin(new[row], stops))[0])  # the row's first generated stop
+        expected[row, end + 1:] = 0
+        ends.append(end)
+        assert full[row, end + 1:].any(), "the cut must remove real tokens"
+    assert len(set(ends)) == len(ends), f"rows must stop at different positions, got {ends}"
+    np.testing.assert_array_equal(cut, expected)
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy(model):
@@ -79,7 +87,7 @@ def test_top_k_one_and_tiny_top_p_are_greedy(model):
     np.testing.assert_array_equal(generate(model, PROMPT, 8, sampler="top-p", top_p=1e-6, seed=3), greedy)
 
 
-@pytest.mark.parametrize("sampler", ["top_k", "top_p"])
+@pytest.mark.parametrize("sampler", ["top_k", "top_p", "temperature"])
 def test_seeds_reproduce_and_differ(model, sampler):
     args = dict(sampler=sampler, top_k=40, top_p=0.99, temperature=3.0)
     first = generate(model, PROMPT, 16, seed=1, **args)
@@ -87,6 +95,32 @@ def test_seeds_reproduce_and_differ(model, sampler):
     np.testing.assert_array_equal(first[:, :5], PROMPT)
     assert not np.array_equal(generate(model, PROMPT, 16, seed=2, **args), first)
     assert not np.array_equal(first, generate(model, PROMPT, 16))
+
+
+def test_temperature_sampler_draws_from_the_tempered_softmax(model):
+    """`sampler="temperature"` (keras-hub's RandomSampler; also "random") samples
+    softmax(logits / T) over the whole vocabulary: 2,000 draws of one token match
+    those probabilities, not the untempered ones; T -> 0 is greedy."""
+    prompt = np.repeat(PROMPT[:1], 2000, axis=0)
+    logits = np.asarray(model({"token_ids": PROMPT[:1], "padding_mask": np.ones_like(PROMPT[:1])})["logits"])[0, -1]
+
+    def softmax(z):
+        e = np.exp(z - z.max())
+        return e / e.sum()
+
+    draws = generate(model, prompt, 1, sampler="temperature", temperature=2.0, seed=7, compile=False)[:, -1]
+    freq = np.bincount(draws, minlength=len(logits)) / len(draws)
+    tempered, plain = softmax(logits / 2.0), softmax(logits)
+    # 2,000 draws: a frequency's standard error is <= 0.011; the two distributions differ by far more.
+    off = np.abs(freq - tempered).max()
+    assert off < 0.04, f"draw frequencies are {off:.3f} from softmax(logits / 2) (most likely p {tempered.max():.3f})"
+    assert np.abs(freq - plain).max() > 0.1, "the draws ignore the temperature"
+    assert len(np.unique(draws)) > 5  # a real draw, not an argmax
+    random = generate(model, prompt[:4], 1, sampler="random", temperature=2.0, seed=7, compile=False)
+    np.testing.assert_array_equal(random[:, -1], draws[:4])  # the same sampler under its keras-hub name
+    greedy = generate(model, PROMPT, 8)
+    tiny = generate(model, PROMPT, 8, sampler="temperature", temperature=1e-4, seed=3, compile=False)
+    np.testing.assert_array_equal(tiny, greedy)
 
 
 def test_text_prompts_use_the_tokenizer(model):
