@@ -18,7 +18,7 @@ import pytest
 import recipes
 import zoo
 from recipes import optim, state
-from tests.common import tiny_recipe
+from tests.common import REPO, tiny_recipe
 
 ONE_LAYER = dict(num_layers=1, hidden_dim=32, num_heads=2, num_kv_heads=1, intermediate_dim=64, vocab_size=256)
 
