@@ -28,7 +28,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from tools.assets import fetch
 
-__all__ = ["GiB", "ChildRun", "PeakMemory", "child_main", "fetch", "peak_rss_gib", "run_child", "zoo_cli"]
+__all__ = [
+    "GiB", "ChildRun", "PeakMemory", "child_main", "fetch", "peak_rss_gib", "print_metrics", "run_child",
+    "training_flags", "zoo_cli",
+]
 
 GiB = 2**30
 CHILD_FLAG = "--child"
@@ -188,3 +191,35 @@ def zoo_cli(*args, timeout=None) -> tuple:
     if done.returncode:
         raise RuntimeError(f"zoo {' '.join(map(str, args))} failed:\n{done.stderr[-STDERR_CHARS:]}")
     return time.perf_counter() - started, done.stdout, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def training_flags(parser, steps, batch_size, sequence_length, learning_rate, precision="mixed_bfloat16"):
+    """Add the `zoo train` flags a fine-tuning benchmark exposes, with its defaults.
+
+    Args:
+        parser: an `argparse.ArgumentParser`.
+        steps, batch_size, sequence_length, learning_rate, precision: the defaults.
+
+    Returns:
+        The flags as `zoo train` arguments, once parsed: `flags(args) -> list`.
+    """
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--sequence-length", type=int, default=sequence_length)
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--learning-rate", type=float, default=learning_rate)
+    parser.add_argument("--precision", default=precision)
+
+    def flags(args):
+        return ["--steps", args.steps, "--batch-size", args.batch_size, "--sequence-length", args.sequence_length,
+                "--learning-rate", args.learning_rate, "--precision", args.precision,
+                "--log-every", max(1, args.steps // 4), "--checkpoint-every", args.steps]
+
+    return flags
+
+
+def print_metrics(result: dict):
+    """A one-row-per-metric table, then the same dict as the benchmark's one JSON line."""
+    print("| metric | value |\n|---|---|")
+    for key, value in result.items():
+        print(f"| {key} | {value} |")
+    print(json.dumps(result))

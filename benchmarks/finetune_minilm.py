@@ -9,7 +9,6 @@ the two commands, a table and one JSON line.
 
 import argparse
 import csv
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -38,11 +37,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train", type=int, default=2000, help="training documents (of 5,485)")
     parser.add_argument("--test", type=int, default=1000, help="test documents (of 2,189)")
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--sequence-length", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
-    parser.add_argument("--precision", default="mixed_bfloat16")
+    flags = _harness.training_flags(parser, steps=120, batch_size=32, sequence_length=128, learning_rate=1e-4)
     args = parser.parse_args(argv)
 
     paths = _harness.fetch("minilm", "newsgroups")
@@ -53,10 +48,7 @@ def main(argv=None):
     majority = max(test_labels.count(c) for c in set(test_labels)) / len(test_labels)
 
     train = ["train", "--weights", paths["minilm"], "--data", work / "train.csv", "--label-column", "label",
-             "--out-dir", work / "run", "--steps", args.steps, "--batch-size", args.batch_size,
-             "--sequence-length", args.sequence_length, "--learning-rate", args.learning_rate,
-             "--warmup-steps", max(1, args.steps // 10), "--log-every", max(1, args.steps // 4),
-             "--checkpoint-every", args.steps, "--precision", args.precision]
+             "--out-dir", work / "run", *flags(args), "--warmup-steps", max(1, args.steps // 10)]
     evaluate = ["eval", work / "run", "--data", work / "test.csv", "--label-column", "label"]
     print("zoo " + " ".join(map(str, train)))
     print("zoo " + " ".join(map(str, evaluate)))
@@ -72,10 +64,7 @@ def main(argv=None):
         "train_seconds": round(train_seconds, 1), "eval_seconds": round(eval_seconds, 1),
         "majority_baseline": round(majority, 4), "test_accuracy": round(evaluation["accuracy"], 4),
     }
-    print("| metric | value |\n|---|---|")
-    for key, value in result.items():
-        print(f"| {key} | {value} |")
-    print(json.dumps(result))
+    _harness.print_metrics(result)
     return 0
 
 

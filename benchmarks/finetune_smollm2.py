@@ -10,7 +10,6 @@ never trained on. Prints the commands, a table and one JSON line.
 
 import argparse
 import csv
-import json
 import sys
 import tempfile
 import zipfile
@@ -29,13 +28,9 @@ def articles(archive):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
+    flags = _harness.training_flags(parser, steps=40, batch_size=4, sequence_length=256, learning_rate=5e-5)
     parser.add_argument("--held-out", type=int, default=20, help="articles kept out of training")
     parser.add_argument("--train-articles", type=int, default=400)
-    parser.add_argument("--sequence-length", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--learning-rate", type=float, default=5e-5)
-    parser.add_argument("--precision", default="mixed_bfloat16")
     args = parser.parse_args(argv)
 
     paths = _harness.fetch("smollm2", "news")
@@ -47,9 +42,7 @@ def main(argv=None):
 
     length = ["--sequence-length", args.sequence_length]
     before_cmd = ["eval", folder, "--data", work / "held-out.txt", *length, "--batch-size", 8]
-    train = ["train", "--weights", folder, "--data", work / "train.txt", "--out-dir", work / "run",
-             "--steps", args.steps, "--batch-size", args.batch_size, *length, "--learning-rate", args.learning_rate,
-             "--log-every", max(1, args.steps // 4), "--checkpoint-every", args.steps, "--precision", args.precision]
+    train = ["train", "--weights", folder, "--data", work / "train.txt", "--out-dir", work / "run", *flags(args)]
     after_cmd = ["eval", work / "run", "--data", work / "held-out.txt", *length, "--batch-size", 8]
     for command in (before_cmd, train, after_cmd):
         print("zoo " + " ".join(map(str, command)))
@@ -65,10 +58,7 @@ def main(argv=None):
         "train_seconds": round(train_seconds, 1), "tokens_per_second": trained["tokens_per_second"],
         "perplexity_before": round(before["perplexity"], 3), "perplexity_after": round(after["perplexity"], 3),
     }
-    print("| metric | value |\n|---|---|")
-    for key, value in result.items():
-        print(f"| {key} | {value} |")
-    print(json.dumps(result))
+    _harness.print_metrics(result)
     return 0
 
 

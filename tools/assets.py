@@ -59,8 +59,14 @@ def _unpack(requirement, kind, dest):
         top.rename(tmp / "x")
     shutil.rmtree(tmp / "dl")
     (tmp / ".done").touch()
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(tmp, dest)
+    if dest.exists() and not (dest / ".done").exists():
+        shutil.rmtree(dest, ignore_errors=True)  # an interrupted earlier unpack
+    try:
+        os.rename(tmp, dest)
+    except OSError:  # another process (a parallel test worker) finished the same asset first
+        if not (dest / ".done").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def fetch(*names) -> dict:

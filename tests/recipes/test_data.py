@@ -61,19 +61,14 @@ def test_bad_sources_name_the_problem(tmp_path):
         data.documents("tfds:no_such_dataset:train", data_dir=str(tmp_path))
 
 
-def test_tfds_source_prepared_locally(tmp_path, recipes_vocab, monkeypatch):
+def test_tfds_source_prepared_locally(tmp_path, recipes_vocab):
     """`tfds:NAME[:SPLIT]` with --data-dir: a dataset prepared with TensorFlow Datasets'
     own builder into a temporary data_dir (nothing downloaded), read back by name,
     with its text and ClassLabel features, and batched by the classify pipeline."""
-    import importlib.resources.abc
-    import sys
 
     import tensorflow as tf
     import tensorflow_datasets as tfds
 
-    # tensorflow-datasets 4.9.10 imports the `importlib_resources` backport when it prepares a
-    # dataset but declares it only for Python < 3.9; the standard library's module is the same API.
-    monkeypatch.setitem(sys.modules, "importlib_resources", importlib.resources)
     _, lines = _corpus(tmp_path)
     splits = {"train": lines[:30], "test": lines[30:]}
     tfds.dataset_builders.store_as_tfds_dataset(

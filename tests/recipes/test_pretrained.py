@@ -23,20 +23,21 @@ FAST = dict(batch_size=4, sequence_length=32, steps=4, warmup_steps=1, log_every
             shuffle_buffer=16, precision="float32")
 
 
+def pretrained(name, family, shape, seed, vocabularies, tmp_path_factory):
+    """A tiny random model of `name`'s family saved as a Hugging Face folder with a trained vocabulary."""
+    keras.utils.set_random_seed(seed)
+    tokenizer = vocab.load(vocabularies[family], family)
+    return zoo.hub.save(zoo.get(name, **shape), tmp_path_factory.mktemp("pretrained") / family, tokenizer=tokenizer)
+
+
 @pytest.fixture(scope="module")
 def bert_folder(recipes_vocab, tmp_path_factory):
-    keras.utils.set_random_seed(1)
-    model = zoo.get("enc-mini", **TINY_RECIPE)
-    tokenizer = vocab.load(recipes_vocab["bert"], "bert")
-    return zoo.hub.save(model, tmp_path_factory.mktemp("pretrained") / "bert", tokenizer=tokenizer)
+    return pretrained("enc-mini", "bert", TINY_RECIPE, 1, recipes_vocab, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def llama_folder(recipes_vocab, tmp_path_factory):
-    keras.utils.set_random_seed(2)
-    model = zoo.get("dec-base", **TINY_RECIPE_DEC)
-    tokenizer = vocab.load(recipes_vocab["llama"], "llama")
-    return zoo.hub.save(model, tmp_path_factory.mktemp("pretrained") / "llama", tokenizer=tokenizer)
+    return pretrained("dec-base", "llama", TINY_RECIPE_DEC, 2, recipes_vocab, tmp_path_factory)
 
 
 def test_recipe_from_weights_takes_the_checkpoints_shape_and_kind(bert_folder, llama_folder):

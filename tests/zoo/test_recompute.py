@@ -155,17 +155,32 @@ def test_policy_switches_on_a_built_model():
         model.set_checkpointing("half")
 
 
-def test_policy_switch_retraces_compiled_training():
+def test_policy_switch_retraces_compiled_training(monkeypatch):
+    """The compiled train step is traced again after a switch, and the new trace holds one
+    recomputation wrapper per block (the wrapper runs at trace time, so counting its calls
+    counts what the graph contains)."""
+    import zoo.layers.block as block_module
+
+    traced = []
+
+    def counting(fn, *tensors):
+        traced.append(fn)
+        return recompute.recompute(fn, *tensors)
+
+    monkeypatch.setattr(block_module, "recompute", counting)
     model = build("enc-base", "none")
     model.compile(optimizer="adam", loss={"sequence_output": "mse", "pooled_output": "mse"})
     x = make_inputs("enc-base", masked=False)
     y = {"sequence_output": np.zeros((BATCH, SEQ, TINY["hidden_dim"]), "float32"),
          "pooled_output": np.zeros((BATCH, TINY["hidden_dim"]), "float32")}
     model.train_on_batch(x, y)
-    assert model.train_function is not None
+    assert model.train_function is not None and traced == []
     model.set_checkpointing("full")
     assert model.train_function is None  # rebuilt (with recomputation) on the next step
     model.train_on_batch(x, y)
+    assert len(traced) == TINY["num_layers"]  # the new graph recomputes every block
+    model.train_on_batch(x, y)
+    assert len(traced) == TINY["num_layers"]  # and is reused, not traced again
 
 
 @pytest.mark.parametrize("name", FAMILIES)

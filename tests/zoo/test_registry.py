@@ -132,3 +132,16 @@ def test_import_zoo_is_enough_to_load_a_saved_model(tmp_path):
     code = f"import zoo, keras; print(type(keras.models.load_model({str(path)!r})).__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "DecoderCausalLM", out.stderr[-2000:]
+
+
+def test_encoders_default_segment_ids_to_zeros():
+    """As Hugging Face defaults token_type_ids: a dict without segment_ids is one segment."""
+    import numpy as np
+
+    model = zoo.get("enc-base", **TINY)
+    ids = np.random.default_rng(0).integers(0, TINY["vocab_size"], (2, 8)).astype("int32")
+    full = model({"token_ids": ids, "padding_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)})
+    short = model({"token_ids": ids, "padding_mask": np.ones_like(ids)})
+    np.testing.assert_array_equal(np.asarray(full["pooled_output"]), np.asarray(short["pooled_output"]))
+    ones = model({"token_ids": ids, "padding_mask": np.ones_like(ids), "segment_ids": np.ones_like(ids)})
+    assert not np.allclose(np.asarray(ones["pooled_output"]), np.asarray(short["pooled_output"]))

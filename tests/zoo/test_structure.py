@@ -70,3 +70,13 @@ def test_layers_import_only_recompute_and_layers():
     for module, edges in graph.items():
         if module.startswith("zoo.layers"):
             assert all(e.startswith("zoo.layers") or e == "zoo.recompute" for e in edges), (module, edges)
+
+
+def test_import_zoo_makes_the_submodules_attributes():
+    """`zoo.hub`, `zoo.export`, `zoo.generation` work after a bare `import zoo` (a fresh process)."""
+    import subprocess
+    import sys
+
+    code = "import zoo; print(zoo.hub.load.__name__, zoo.export.saved_model.__name__, zoo.generation.generate.__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.stdout.split() == ["load", "saved_model", "generate"], done.stderr[-1000:]
