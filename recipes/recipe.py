@@ -51,7 +51,7 @@ from zoo.registry import Registry
 
 # A recipe trains one task head of zoo's (zoo.models.TASKS); the backbone alone is not trained.
 TASKS = ("masked_lm", "causal_lm", "classifier")
-_LEGACY_TASKS = {"mlm": "masked_lm", "clm": "causal_lm", "classify": "classifier"}  # run.json before 0.2
+LEGACY_TASKS = {"mlm": "masked_lm", "clm": "causal_lm", "classify": "classifier"}  # run.json before 0.2
 DECAYS = ("linear", "cosine")
 
 
@@ -99,7 +99,7 @@ class Recipe:
             if not ok:
                 raise ValueError(message)
 
-        object.__setattr__(self, "task", _LEGACY_TASKS.get(self.task, self.task))
+        object.__setattr__(self, "task", LEGACY_TASKS.get(self.task, self.task))
         check(self.task in TASKS, f"Unknown task {self.task!r}; known tasks: {', '.join(TASKS)}.")
         check(self.precision in zoo.PRECISIONS,
               f"Unknown precision {self.precision!r}; known: {', '.join(zoo.PRECISIONS)}.")

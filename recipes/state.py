@@ -19,6 +19,7 @@ import shutil
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from recipes.recipe import LEGACY_TASKS
 from zoo.files import atomic_path
 
 RUN_FILE = "run.json"
@@ -35,11 +36,16 @@ def write_json_atomic(path, payload):
 
 
 def read_run(out_dir):
+    """The run.json of `out_dir` (None if absent), with task names of older runs updated."""
     path = os.path.join(out_dir, RUN_FILE)
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        run = json.load(f)
+    for record in (run, run.get("recipe", {})):
+        if "task" in record:
+            record["task"] = LEGACY_TASKS.get(record["task"], record["task"])
+    return run
 
 
 def check_compatible(out_dir, meta):

@@ -321,3 +321,14 @@ def test_zoo_train_end_to_end(tmp_path, recipes_news):
         assert sorted(scalars[tag]) == [2, 4, 6], (tag, scalars[tag])
         assert all(math.isfinite(v) for v in scalars[tag].values()), (tag, scalars[tag])
     assert scalars["loss"][6] == pytest.approx(line["final_loss"], rel=1e-6)
+
+
+def test_run_json_of_an_older_version_reads_with_todays_task_names(tmp_path):
+    """Runs written before the task names were unified ("mlm", "clm", "classify") still resume."""
+    import json
+
+    from recipes import state
+
+    (tmp_path / state.RUN_FILE).write_text(json.dumps({"task": "mlm", "recipe": {"task": "clm"}}))
+    run = state.read_run(str(tmp_path))
+    assert (run["task"], run["recipe"]["task"]) == ("masked_lm", "causal_lm")
