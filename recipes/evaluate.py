@@ -8,7 +8,6 @@ Face folder or a `.keras` file; the tokenizer is the one saved beside it.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ import tensorflow as tf
 
 import zoo
 from recipes import data as data_lib
-from recipes import state
+from recipes import pretrained, state
 
 
 @dataclass(frozen=True)
@@ -60,14 +59,14 @@ class Evaluation:
                 f"on {self.tokens} tokens in {self.examples} rows")
 
 
-def _labels_of(source, model) -> list | None:
+def _labels_of(source) -> list | None:
+    """A run's label names (run.json), or a Hugging Face classifier's (id2label)."""
     run = state.read_run(source) if Path(source).is_dir() else None
     if run is not None:
         return run.get("labels")
-    config = Path(source) / "config.json"
-    if config.is_file():
-        id2label = json.loads(config.read_text(encoding="utf-8")).get("id2label") or {}
-        return [id2label[str(i)] for i in range(len(id2label))] or None
+    if (Path(source) / "config.json").is_file():
+        labels = pretrained.checkpoint(source).labels
+        return list(labels) if labels else None
     return None
 
 
@@ -107,8 +106,7 @@ def evaluate(source, data, column=None, label_column=None, data_dir=None, batch_
                          f"{model.task!r} model.")
     settings = Settings(model.task, _sequence_length(source, model, sequence_length), batch_size)
     if model.task == "classifier":
-        return _classifier(model, tokenizer, settings, _labels_of(source, model), data, column, label_column,
-                           data_dir)
+        return _classifier(model, tokenizer, settings, _labels_of(source), data, column, label_column, data_dir)
     return _perplexity(model, tokenizer, settings, data, column, data_dir)
 
 

@@ -14,10 +14,6 @@ from dataclasses import dataclass
 
 import zoo
 
-# The shape fields a registered name fixes; dropout and the like may differ.
-SHAPE_FIELDS = ("family", "vocab_size", "num_layers", "hidden_dim", "num_heads", "num_kv_heads", "head_dim",
-                "intermediate_dim", "max_sequence_length", "tie_embeddings")
-
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -44,9 +40,8 @@ def checkpoint(weights: str) -> Checkpoint:
 
 def check_shape(weights: str, model: str):
     """Refuse weights whose shape is not the named registered model's, naming each difference."""
-    found, expected = checkpoint(weights).spec, zoo.spec(model)
-    diff = [f"{f}: checkpoint {getattr(found, f)!r}, {model} {getattr(expected, f)!r}"
-            for f in SHAPE_FIELDS if getattr(found, f) != getattr(expected, f)]
+    differences = checkpoint(weights).spec.shape_differences(zoo.spec(model))
+    diff = [f"{f}: checkpoint {ours!r}, {model} {theirs!r}" for f, ours, theirs in differences]
     if diff:
         raise ValueError(f"The weights at {weights} are not a {model!r} model ({'; '.join(diff)}). "
                          "Drop the model name to train the checkpoint's own shape.")

@@ -28,9 +28,7 @@ from recipes import data as data_lib
 from recipes import optim, pretrained, state
 from recipes import vocab as vocab_lib
 from recipes.recipe import Recipe, get
-
-MODEL_FILE = "model.keras"
-TOKENIZER_DIR = "tokenizer"
+from zoo.loading import MODEL_FILE, TOKENIZER_DIR
 
 
 @dataclass

@@ -156,7 +156,7 @@ def generate(model, prompt, max_new_tokens=32, sampler="greedy", seed=None, toke
         row[end:] = 0
     if not text:
         return out
-    texts = [_detokenize(tokenizer, row[:end]) for row, end in zip(out, ends)]
+    texts = [detokenize(tokenizer, row[:end]) for row, end in zip(out, ends)]
     return texts[0] if isinstance(prompt, str) else texts
 
 
@@ -242,7 +242,8 @@ def _ends(out, lengths, max_new_tokens, stop_token_ids):
     return ends
 
 
-def _detokenize(tokenizer, ids):
-    value = tokenizer.detokenize(ids)
+def detokenize(tokenizer, ids) -> str:
+    """Token ids -> text, whichever form the keras-hub tokenizer returns (bytes or str)."""
+    value = tokenizer.detokenize(np.asarray(ids, "int32"))
     value = np.asarray(value).item() if np.ndim(value) == 0 else value
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)

@@ -12,6 +12,9 @@ import dataclasses
 from dataclasses import dataclass
 
 FAMILIES = ("bert", "llama")
+# The fields that fix the weights' shapes (dropout, epsilon and the like do not).
+SHAPE_FIELDS = ("family", "vocab_size", "num_layers", "hidden_dim", "num_heads", "num_kv_heads", "head_dim",
+                "intermediate_dim", "max_sequence_length", "tie_embeddings")
 # Keras dtype policies a model can be built with; "mixed_*" keep float32 weights.
 PRECISIONS = ("float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16")
 
@@ -100,6 +103,15 @@ class ModelSpec:
         if "num_kv_heads" not in overrides and self.num_kv_heads == self.num_heads:
             overrides["num_kv_heads"] = None
         return dataclasses.replace(self, **overrides)
+
+    def shape_differences(self, other: ModelSpec) -> list:
+        """[(field, mine, theirs)] for each field that fixes the weights' shapes and differs.
+
+        Example:
+        >>> zoo.spec("enc-base").shape_differences(zoo.spec("enc-mini"))[0]
+        ('num_layers', 12, 6)
+        """
+        return [(f, getattr(self, f), getattr(other, f)) for f in SHAPE_FIELDS if getattr(self, f) != getattr(other, f)]
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)

@@ -3,9 +3,7 @@
 import json
 import sys
 
-import numpy as np
-
-from zoo.generation import SAMPLERS, generate, stream
+from zoo.generation import SAMPLERS, detokenize, generate, stream
 from zoo.loading import load
 
 
@@ -21,12 +19,6 @@ def _stop_ids(model, args):
         if missing:
             raise ValueError(f"--stop token(s) {missing} are not in the tokenizer's vocabulary.")
     return [int(tokenizer.token_to_id(t)) for t in tokens if t in vocabulary] or None
-
-
-def _detokenize(tokenizer, ids):
-    value = tokenizer.detokenize(np.asarray(ids, "int32"))
-    value = np.asarray(value).item() if np.ndim(value) == 0 else value
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _generate(args):
@@ -47,7 +39,7 @@ def _generate(args):
         tokens, shown = [], ""
         for token in stream(model, prompt, args.max_new_tokens, **options):
             tokens.append(token)
-            text = _detokenize(model.tokenizer, tokens)
+            text = detokenize(model.tokenizer, tokens)
             if not text.endswith("\ufffd"):  # wait for the rest of a split multi-byte character
                 sys.stdout.write(text[len(shown):])
                 sys.stdout.flush()

@@ -248,10 +248,7 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
     spec, own_task, task_args = spec_from_config(config)
     if name is not None and not isinstance(name, ModelSpec):
         expected = registered_spec(name)
-        diff = [f"{f}: checkpoint {getattr(spec, f)!r}, {name} {getattr(expected, f)!r}"
-                for f in ("family", "vocab_size", "num_layers", "hidden_dim", "num_heads", "num_kv_heads",
-                          "head_dim", "intermediate_dim", "max_sequence_length", "tie_embeddings")
-                if getattr(spec, f) != getattr(expected, f)]
+        diff = [f"{f}: checkpoint {ours!r}, {name} {theirs!r}" for f, ours, theirs in spec.shape_differences(expected)]
         if diff:
             raise ValueError(f"{folder} is not a {name!r} checkpoint ({'; '.join(diff)}); "
                              "call zoo.hub.load(folder) to build the shape it describes.")
