@@ -18,6 +18,7 @@ Files are written to a temporary sibling and renamed into place, so a failed
 export leaves nothing at `path` and an earlier export there survives.
 """
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -271,6 +272,19 @@ def _convert(serving, specs, quantize) -> bytes:
         return converter.convert()
 
 
+@contextmanager
+def _plain_attention(model):
+    """TFLite's converter cannot legalise the chunked attention core's loops (their
+    TensorLists and 5-D slices), so a .tflite file holds the plain core: at the
+    fixed, short lengths of on-device models it is also the faster one."""
+    saved = model.attention
+    model.set_attention("plain")
+    try:
+        yield
+    finally:
+        model.set_attention(*saved)
+
+
 def run_tflite(path, inputs: dict) -> dict:
     """Outputs of a .tflite file on `inputs`, run by ai_edge_litert's interpreter."""
     from ai_edge_litert.interpreter import Interpreter
@@ -309,7 +323,7 @@ def tflite(model, path, quantize=None, batch_size=1, sequence_length=128, overwr
     length = _exported_length(model, min(sequence_length, model.spec.max_sequence_length))
     check_target(path, overwrite)
     specs = _input_specs(model, batch_size, length)
-    with atomic_path(path, overwrite) as tmp:
+    with atomic_path(path, overwrite) as tmp, _plain_attention(model):
         tmp.write_bytes(_convert(serving, specs, quantize))
         batch = parity_batch(model, batch_size, length)
         reference = {name: np.asarray(value) for name, value in serving(batch, training=False).items()}

@@ -3,10 +3,11 @@ compare a layer with itself)."""
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from zoo.layers.activations import gelu
-from zoo.layers.attention import AttentionMask, attention_core
+from zoo.layers.attention_core import chunked_attention, plain_attention
 from zoo.layers.dropout import stateless_dropout
 
 
@@ -19,13 +20,13 @@ def test_gelu_matches_tensorflow_exact_gelu_and_its_gradient():
     np.testing.assert_allclose(tape.gradient(ours, x), tape.gradient(reference, x), atol=1e-6)
 
 
-def test_attention_core_matches_naive_grouped_query_attention():
+@pytest.mark.parametrize("core", [plain_attention, chunked_attention])
+def test_attention_core_matches_naive_grouped_query_attention(core):
     rng = np.random.default_rng(0)
     b, s, h, kv, d = 2, 5, 4, 2, 8
     q, k, v = (rng.normal(size=(b, s, n, d)).astype("float32") for n in (h, kv, kv))
     padding = np.array([[1] * 5, [1, 1, 1, 0, 0]], "int32")
-    mask = AttentionMask(causal=True)(padding)
-    out = attention_core(q, k, v, mask, 0.0, None).numpy()
+    out = core(q, k, v, key_mask=padding, causal=True, chunk_size=2).numpy()
     for bi in range(b):
         for hi in range(h):
             kh, vh = k[bi, :, hi // (h // kv)], v[bi, :, hi // (h // kv)]

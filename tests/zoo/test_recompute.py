@@ -1,5 +1,8 @@
 """Checkpointing is exact: every trainable variable gets the same gradient with
-and without recomputation, with dropout 0.1 active, wherever Keras trains."""
+and without recomputation, with dropout 0.1 active, wherever Keras trains. The
+chunked attention core (the default, here cut into 6-position tiles so that 16
+positions make uneven chunks and a causal model skips tiles) equals the plain
+one that holds the whole score matrix."""
 
 import keras
 import numpy as np
@@ -12,6 +15,7 @@ from zoo import recompute
 
 FAMILIES = {"enc-base": dict(TINY, dropout=0.1), "dec-base": dict(TINY_DEC, dropout=0.1)}
 BATCH, SEQ = 2, 16
+CHUNK = 6  # 16 positions: three uneven query and key chunks
 
 
 def make_inputs(name, masked):
@@ -25,14 +29,16 @@ def make_inputs(name, masked):
     return x
 
 
-def build(name, policy, dtype=None):
+def build(name, policy, dtype=None, core="chunked"):
     keras.utils.set_random_seed(0)  # same weights and dropout seeds for every policy
-    return zoo.get(name, checkpointing=policy, dtype=dtype, **FAMILIES[name])
+    model = zoo.get(name, checkpointing=policy, dtype=dtype, **FAMILIES[name])
+    model.set_attention(core, chunk_size=CHUNK)
+    return model
 
 
-def gradients(name, policy, mode, masked=True, dtype=None):
+def gradients(name, policy, mode, masked=True, dtype=None, core="chunked"):
     """{variable path: float32 gradient} of one training step."""
-    model = build(name, policy, dtype)
+    model = build(name, policy, dtype, core)
     x = make_inputs(name, masked)
 
     def step(x):
@@ -74,9 +80,10 @@ def assert_same(reference, other, rtol, zero=1e-5):
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("mode, masked", [("eager", True), ("function", True), ("function", False), ("jit", True)])
 def test_gradients_equal_float32(name, mode, masked):
-    reference = gradients(name, "none", mode, masked)
-    for policy in ("full", "selective"):
+    reference = gradients(name, "none", mode, masked, core="plain")
+    for policy in ("none", "full", "selective"):
         assert_same(reference, gradients(name, policy, mode, masked), rtol=1e-5)
+    assert_same(reference, gradients(name, "selective", mode, masked, core="plain"), rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -86,6 +93,17 @@ def test_gradients_equal_mixed_precision(name, dtype):
     for policy in ("full", "selective"):
         # The recomputed pass repeats the same half-precision ops on the same inputs.
         assert_same(reference, gradients(name, policy, "function", dtype=dtype), rtol=1e-5)
+    # The cores round differently (the plain one its normalised probabilities, the chunked one its running
+    # sums), and the differences compound over layers: each must be as close to float32 as the other.
+    exact = gradients(name, "none", "function", core="plain")
+    plain = gradients(name, "none", "function", dtype=dtype, core="plain")
+    worst = []
+    for path, a in exact.items():
+        scale = np.abs(a).max() if not path.endswith(ZERO_BY_CONSTRUCTION) else max(map(np.max, exact.values()))
+        chunked_error, plain_error = (np.abs(g[path] - a).max() / scale for g in (reference, plain))
+        assert chunked_error <= max(3 * plain_error, 1e-2), (path, chunked_error, plain_error)
+        worst.append(chunked_error / max(plain_error, 1e-6))
+    print(f"{name} {dtype}: chunked/plain distance to float32, worst variable {max(worst):.2f}x")
 
 
 def fit_weights(name, policy, dtype=None, steps=3):
@@ -122,8 +140,11 @@ def test_fit_reaches_same_weights(name, dtype):
         assert_same(reference, weights, rtol=1e-5, zero=None)
 
 
-def test_policy_switches_on_a_built_model():
-    model = build("dec-base", "none")
+@pytest.mark.parametrize("core, selective_wrappers", [("chunked", 0), ("plain", 2)])
+def test_policy_switches_on_a_built_model(core, selective_wrappers):
+    """The chunked core's own backward keeps no probabilities, so `selective` wraps
+    nothing around it; the plain core is recomputed."""
+    model = build("dec-base", "none", core=core)
     x = make_inputs("dec-base", masked=True)
     calls = []
     real = recompute.recompute
@@ -138,7 +159,7 @@ def test_policy_switches_on_a_built_model():
     for module in (block_module, attention_module):
         module.recompute = counting
     try:
-        for policy, per_step in (("full", 2), ("selective", 2), ("none", 0)):
+        for policy, per_step in (("full", 2), ("selective", selective_wrappers), ("none", 0)):
             assert model.set_checkpointing(policy) == policy == model.checkpointing
             calls.clear()
             with tf.GradientTape() as tape:
@@ -183,32 +204,52 @@ def test_policy_switch_retraces_compiled_training(monkeypatch):
     assert len(traced) == TINY["num_layers"]  # and is reused, not traced again
 
 
+def step_peak(name, policy, core, length, num_layers=6, chunk_size=None):
+    """Allocator peak of one forward+backward, above the built model."""
+    overrides = dict(FAMILIES[name], num_layers=num_layers, max_sequence_length=length)
+    rng = np.random.default_rng(0)
+    x = {"token_ids": rng.integers(0, TINY["vocab_size"], (2, length)).astype("int32"),
+         "padding_mask": np.ones((2, length), "int32")}
+    if zoo.spec(name).family == "bert":
+        x["segment_ids"] = np.zeros((2, length), "int32")
+    keras.utils.set_random_seed(0)
+    model = zoo.get(name, checkpointing=policy, **overrides)
+    model.set_attention(core, chunk_size)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_mean(tf.cast(v, "float32")) for v in model(x, training=True).values()])
+        return tape.gradient(loss, model.trainable_variables)
+
+    step(x)  # trace outside the measurement
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    base = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    step(x)
+    return tf.config.experimental.get_memory_info("CPU:0")["peak"] - base
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_recomputation_lowers_step_memory(name):
-    """Allocator peak of one forward+backward at a sequence long enough for the
-    attention scores to dominate: full and selective must each keep less."""
-    # full keeps one block's activations, none all 6; at s=256 the scores (5·a·s/h = 80) outweigh the rest (34)
-    overrides = dict(FAMILIES[name], num_layers=6, max_sequence_length=256)
-    rng = np.random.default_rng(0)
-    x = {"token_ids": rng.integers(0, TINY["vocab_size"], (2, 256)).astype("int32"),
-         "padding_mask": np.ones((2, 256), "int32")}
-    if zoo.spec(name).family == "bert":
-        x["segment_ids"] = np.zeros((2, 256), "int32")
-    peaks = {}
-    for policy in ("none", "selective", "full"):
-        keras.utils.set_random_seed(0)
-        model = zoo.get(name, checkpointing=policy, **overrides)
+    """At a sequence long enough for the attention scores to dominate (s=256: the
+    scores' 5·a·s/h = 80 outweigh the rest's 34), the plain core keeps less under
+    full and selective recomputation, and the chunked core keeps less than the
+    plain one even without recomputation."""
+    plain = {policy: step_peak(name, policy, "plain", 256) for policy in ("none", "selective", "full")}
+    assert plain["selective"] < 0.8 * plain["none"], plain
+    assert plain["full"] < 0.5 * plain["none"], plain
+    chunked = {policy: step_peak(name, policy, "chunked", 256) for policy in ("none", "full")}
+    assert chunked["none"] < 0.5 * plain["none"], (chunked, plain)
+    assert chunked["full"] < 0.9 * chunked["none"], chunked
 
-        @tf.function
-        def step(x):
-            with tf.GradientTape() as tape:
-                loss = tf.add_n([tf.reduce_mean(tf.cast(v, "float32")) for v in model(x, training=True).values()])
-            return tape.gradient(loss, model.trainable_variables)
 
-        step(x)  # trace outside the measurement
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        base = tf.config.experimental.get_memory_info("CPU:0")["current"]
-        step(x)
-        peaks[policy] = tf.config.experimental.get_memory_info("CPU:0")["peak"] - base
-    assert peaks["selective"] < 0.8 * peaks["none"], peaks
-    assert peaks["full"] < 0.5 * peaks["none"], peaks
+@pytest.mark.parametrize("name", FAMILIES)
+def test_chunked_core_step_memory_grows_less_than_quadratically(name):
+    """Quadrupling the sequence quadruples a linear core's step memory and would
+    multiply a quadratic one's by up to 16: the chunked core (128-position tiles,
+    2 layers, s=512 -> 2048) must stay well below that, while the plain core, at
+    lengths small enough to keep the test short (s=256 -> 1024), does not."""
+    short, long = (step_peak(name, "none", "chunked", s, num_layers=2, chunk_size=128) for s in (512, 2048))
+    plain_short, plain_long = (step_peak(name, "none", "plain", s, num_layers=2) for s in (256, 1024))
+    assert long < 6 * short, (short, long)
+    assert plain_long > 10 * plain_short, (plain_short, plain_long)  # the same test sees a quadratic core

@@ -1,40 +1,18 @@
 """Multi-head attention with grouped-query heads, optional rotary positions and
-an attention core that can be recomputed on its own (selective checkpointing).
+a choice of attention core (`zoo.layers.attention_core`).
 
 Projections are separate `Dense` layers (q, k, v, o) so that Hugging Face
 `BertSelfAttention` and `LlamaAttention` weights map one tensor to one kernel.
+The core and its chunk size are runtime choices (`ZooModel.set_attention`),
+like the checkpointing policy: they change memory and speed, never the weights.
 """
 
 import keras
-import tensorflow as tf
 from keras import ops
 
-from zoo.layers.dropout import stateless_dropout
+from zoo.layers.attention_core import CORES, attention, check_chunk_size
 from zoo.layers.initializers import init
 from zoo.recompute import recompute
-
-_MASKED = -1e9  # added to masked scores in float32; exp() underflows to exactly 0
-
-
-def attention_core(query, key, value, mask, rate, seed):
-    """softmax(QKᵀ/√d + mask) -> dropout -> ·V, with the softmax in float32.
-
-    query [B, S, H, D]; key/value [B, T, KV, D] with H % KV == 0; mask broadcastable
-    to [B, 1, S, T] (True = attend) or None. This is the 5·a·s² part of a layer's
-    activation memory that selective checkpointing recomputes.
-    """
-    num_heads, kv_heads = query.shape[2], key.shape[2]
-    if kv_heads != num_heads:  # grouped-query attention: share each KV head
-        key = ops.repeat(key, num_heads // kv_heads, axis=2)
-        value = ops.repeat(value, num_heads // kv_heads, axis=2)
-    scale = 1.0 / float(query.shape[-1]) ** 0.5
-    scores = tf.einsum("bshd,bthd->bhst", query * ops.cast(scale, query.dtype), key)
-    scores = ops.cast(scores, "float32")
-    if mask is not None:
-        scores = ops.where(mask, scores, _MASKED)
-    probs = ops.cast(ops.softmax(scores, axis=-1), value.dtype)
-    probs = stateless_dropout(probs, rate, seed)
-    return tf.einsum("bhst,bthd->bshd", probs, value)
 
 
 class Attention(keras.layers.Layer):
@@ -47,10 +25,13 @@ class Attention(keras.layers.Layer):
         rotary_theta=None,
         dropout=0.0,
         rope_scaling=None,
+        causal=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.causal = causal
+        self.core, self.chunk_size = "chunked", None  # set_attention() changes them; not part of the config
         self.use_bias, self.rotary_theta, self.dropout = use_bias, rotary_theta, dropout
         self.rope_scaling = dict(rope_scaling) if rope_scaling else None  # Llama 3 frequency scaling
         self.query_dense = self._dense(num_heads * head_dim, "query")
@@ -89,8 +70,10 @@ class Attention(keras.layers.Layer):
     def _heads(self, x, n):
         return ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1], n, self.head_dim))
 
-    def call(self, x, attention_mask=None, seed=None, training=False, recompute_core=False, cache=None, cache_index=0):
-        """`cache` [B, 2, T, KV, D] holds earlier keys/values for incremental decoding;
+    def call(self, x, padding_mask=None, seed=None, training=False, recompute_core=False, cache=None,
+             cache_index=0):
+        """`padding_mask` [B, T] marks the keys that may be attended (1 = a real token).
+        `cache` [B, 2, T, KV, D] holds earlier keys/values for incremental decoding;
         `cache_index` is where `x`'s positions start. Returns (output, cache)."""
         query = self._heads(self.query_dense(x), self.num_heads)
         key = self._heads(self.key_dense(x), self.num_kv_heads)
@@ -103,40 +86,31 @@ class Attention(keras.layers.Layer):
             key = ops.slice_update(cache[:, 0], start, ops.cast(key, cache.dtype))
             value = ops.slice_update(cache[:, 1], start, ops.cast(value, cache.dtype))
             cache = ops.stack([key, value], axis=1)
-        rate = self.dropout if training else 0.0
+        options = dict(
+            core=self.core, key_mask=padding_mask, causal=self.causal, query_offset=cache_index,
+            rate=self.dropout if training else 0.0, seed=seed, chunk_size=self.chunk_size,
+        )
 
         def core(q, k, v):
-            return attention_core(q, k, v, attention_mask, rate, seed)
+            return attention(q, k, v, **options)
 
+        # The chunked core's own backward already keeps no probabilities: recomputing it would only add work.
+        recompute_core = recompute_core and self.core == "plain"
         out = recompute(core, query, key, value) if recompute_core else core(query, key, value)
         out = ops.reshape(out, (ops.shape(out)[0], ops.shape(out)[1], self.num_heads * self.head_dim))
         return self.output_dense(out), cache
+
+    def set_core(self, core="chunked", chunk_size=None):
+        if core not in CORES:
+            raise ValueError(f"Unknown attention core {core!r}; known cores: {', '.join(CORES)}.")
+        check_chunk_size(chunk_size)
+        self.core, self.chunk_size = core, chunk_size
 
     def get_config(self):
         config = super().get_config()
         config.update(
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             use_bias=self.use_bias, rotary_theta=self.rotary_theta, dropout=self.dropout,
-            rope_scaling=self.rope_scaling,
+            rope_scaling=self.rope_scaling, causal=self.causal,
         )
         return config
-
-
-class AttentionMask(keras.layers.Layer):
-    """padding_mask [B, T] (1 = real token) -> boolean mask [B, 1, S, T] (True = attend),
-    lower-triangular when causal. Built once per model and shared by every block."""
-
-    def __init__(self, causal=False, **kwargs):
-        super().__init__(**kwargs)
-        self.causal = causal
-
-    def call(self, padding_mask):
-        mask = ops.cast(padding_mask, "bool")[:, None, None, :]
-        if self.causal:
-            length = ops.shape(padding_mask)[1]
-            positions = ops.arange(length)
-            mask = ops.logical_and(mask, (positions[:, None] >= positions[None, :])[None, None])
-        return mask
-
-    def get_config(self):
-        return {**super().get_config(), "causal": self.causal}

@@ -33,6 +33,7 @@ class TransformerBlock(keras.layers.Layer):
         checkpointing="none",
         seed=None,
         rope_scaling=None,
+        causal=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -40,14 +41,14 @@ class TransformerBlock(keras.layers.Layer):
             num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
             intermediate_dim=intermediate_dim, pre_norm=pre_norm, rms_norm=rms_norm, gated_ffn=gated_ffn,
             use_bias=use_bias, rotary_theta=rotary_theta, dropout=dropout, epsilon=epsilon,
-            rope_scaling=dict(rope_scaling) if rope_scaling else None,
+            rope_scaling=dict(rope_scaling) if rope_scaling else None, causal=causal,
         )
         self.pre_norm, self.dropout = pre_norm, dropout
         self.checkpointing = resolve(checkpointing)
         policy = self.dtype_policy
         self.attention = Attention(
             num_heads, num_kv_heads, head_dim, use_bias=use_bias, rotary_theta=rotary_theta,
-            dropout=dropout, rope_scaling=rope_scaling, dtype=policy, name="attention",
+            dropout=dropout, rope_scaling=rope_scaling, causal=causal, dtype=policy, name="attention",
         )
         self.ffn = FeedForward(intermediate_dim, gated=gated_ffn, dtype=policy, name="ffn")
         norm = (
@@ -63,26 +64,26 @@ class TransformerBlock(keras.layers.Layer):
         for layer in (self.attention, self.ffn, self.attention_norm, self.ffn_norm):
             layer.build(input_shape)
 
-    def call(self, x, attention_mask=None, training=None):
+    def call(self, x, padding_mask=None, training=None):
         training = bool(training)
         seed = self.seed_generator.next() if (training and self.dropout) else None
         if training and self.checkpointing == "full":
             def block(h):
-                return self._forward(h, mask=attention_mask, seed=seed, training=True)[0]
+                return self._forward(h, mask=padding_mask, seed=seed, training=True)[0]
 
             return recompute(block, x)
         recompute_core = training and self.checkpointing == "selective"
-        return self._forward(x, mask=attention_mask, seed=seed, training=training, recompute_core=recompute_core)[0]
+        return self._forward(x, mask=padding_mask, seed=seed, training=training, recompute_core=recompute_core)[0]
 
-    def decode(self, x, attention_mask, cache, cache_index):
+    def decode(self, x, padding_mask, cache, cache_index):
         """Inference with a key/value cache: returns (output, updated cache)."""
-        return self._forward(x, mask=attention_mask, cache=cache, cache_index=cache_index)
+        return self._forward(x, mask=padding_mask, cache=cache, cache_index=cache_index)
 
     def _forward(self, x, mask, seed=None, training=False, recompute_core=False, cache=None, cache_index=0):
         rate = self.dropout if training else 0.0
 
         def attend(h):
-            return self.attention(h, attention_mask=mask, seed=seed, training=training,
+            return self.attention(h, padding_mask=mask, seed=seed, training=training,
                                   recompute_core=recompute_core, cache=cache, cache_index=cache_index)
 
         def drop(h, site):

@@ -25,7 +25,7 @@ def make_blocks(spec: ModelSpec, checkpointing, dtype):
             num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
             intermediate_dim=spec.intermediate_dim, pre_norm=llama, rms_norm=llama, gated_ffn=llama,
             use_bias=not llama, rotary_theta=spec.rope_theta if llama else None, dropout=spec.dropout,
-            rope_scaling=spec.rope_scaling if llama else None,
+            rope_scaling=spec.rope_scaling if llama else None, causal=llama,
             epsilon=spec.layer_norm_epsilon, checkpointing=checkpointing, dtype=dtype, name=f"block_{i}",
         )
         for i in range(spec.num_layers)
@@ -85,10 +85,32 @@ class ZooModel(keras.Model):
         policy = resolve(policy)
         for block in blocks_of(self):
             block.checkpointing = policy
+        self._drop_compiled_functions()
+        return policy
+
+    @property
+    def attention(self) -> tuple:
+        """(core, chunk_size) of every block's attention."""
+        return {(block.attention.core, block.attention.chunk_size) for block in blocks_of(self)}.pop()
+
+    def set_attention(self, core="chunked", chunk_size=None) -> tuple:
+        """Choose the attention core of a built model: "chunked" (default; memory linear
+        in the sequence length) or "plain" (the s×s reference). `chunk_size=None`
+        picks it from the sequence length. Compiled functions retrace; weights stay.
+
+        Example:
+        >>> model.set_attention("chunked", chunk_size=256)
+        ('chunked', 256)
+        """
+        for block in blocks_of(self):
+            block.attention.set_core(core, chunk_size)
+        self._drop_compiled_functions()
+        return core, chunk_size
+
+    def _drop_compiled_functions(self):
         for attr in ("train_function", "test_function", "predict_function"):
             if hasattr(self, attr):
                 setattr(self, attr, None)
-        return policy
 
     def __call__(self, inputs, *args, **kwargs):
         if isinstance(inputs, dict) and "segment_ids" in self.input and "segment_ids" not in inputs:

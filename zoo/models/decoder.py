@@ -7,7 +7,6 @@ import tensorflow as tf
 from keras import ops
 from keras_hub.layers import ReversibleEmbedding
 
-from zoo.layers.attention import AttentionMask
 from zoo.layers.initializers import init
 from zoo.models.base import ZooModel, as_spec, make_blocks, token_inputs
 
@@ -31,9 +30,8 @@ class DecoderBackbone(ZooModel):
         )
         inputs = token_inputs(spec)
         x = self.token_embedding(inputs["token_ids"])
-        mask = AttentionMask(causal=True, name="attention_mask")(inputs["padding_mask"])
         for block in self.blocks:
-            x = block(x, attention_mask=mask)
+            x = block(x, padding_mask=inputs["padding_mask"])
         outputs = {"sequence_output": self.final_norm(x)}
         self._finish(spec, inputs, outputs, dtype, **kwargs)
 
@@ -86,16 +84,10 @@ class DecoderCausalLM(ZooModel):
         >>> logits, _, cache = model.call_with_cache(prompt_ids, cache, 0)
         """
         backbone = self.backbone
-        total = tf.shape(cache[0])[2]
-        key_positions = tf.range(total)
-        query_positions = cache_index + tf.range(tf.shape(token_ids)[1])
-        attend = (key_positions[None, :] <= query_positions[:, None])[None, None]  # [1, 1, S, T]
-        if padding_mask is not None:
-            attend = tf.logical_and(attend, tf.cast(padding_mask, tf.bool)[:, None, None, :])
         x = backbone.token_embedding(token_ids)
         updated = []
         for block, block_cache in zip(backbone.blocks, cache):
-            x, block_cache = block.decode(x, attention_mask=attend, cache=block_cache, cache_index=cache_index)
+            x, block_cache = block.decode(x, padding_mask=padding_mask, cache=block_cache, cache_index=cache_index)
             updated.append(block_cache)
         sequence = backbone.final_norm(x)
         return self.lm_logits(sequence), sequence, tuple(updated)

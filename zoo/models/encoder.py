@@ -5,7 +5,6 @@ import keras
 from keras import ops
 from keras_hub.layers import MaskedLMHead, PositionEmbedding, ReversibleEmbedding
 
-from zoo.layers.attention import AttentionMask
 from zoo.layers.initializers import init
 from zoo.models.base import ZooModel, as_spec, make_blocks, token_inputs
 
@@ -45,9 +44,8 @@ class EncoderBackbone(ZooModel):
         tokens = self.token_embedding(inputs["token_ids"])
         x = tokens + self.position_embedding(tokens) + self.segment_embedding(inputs["segment_ids"])
         x = self.embeddings_dropout(self.embeddings_norm(x))
-        mask = AttentionMask(causal=False, name="attention_mask")(inputs["padding_mask"])
         for block in self.blocks:
-            x = block(x, attention_mask=mask)
+            x = block(x, padding_mask=inputs["padding_mask"])
         outputs = {"sequence_output": x}
         if pooler:
             outputs["pooled_output"] = self.pooler(x[:, 0, :])

@@ -1,0 +1,318 @@
+"""The attention core, softmax(QKᵀ/√d + mask) -> dropout -> ·V, in two implementations.
+
+`chunked_attention` (the default) never holds an s×s matrix. It walks query
+chunks and, within each, key chunks with an online softmax (running max and
+sum in float32; Rabe & Staats 2021). Its custom gradient saves only Q, K, V,
+the output and each row's log-sum-exp, and recomputes each chunk's
+probabilities in the backward pass (FlashAttention, Dao et al. 2022). A causal
+core skips the key chunks above the diagonal. Grouped-query heads are handled
+by reshaping queries to [.., KV heads, group, ..], never by repeating K and V.
+
+`plain_attention` materialises the scores [B, H, S, T]. It is the reference the
+tests compare against, and a user's fallback (`ZooModel.set_attention("plain")`).
+
+Both draw the same dropout mask from the same seed: the mask of the tile
+(query chunk i, key chunk j) is a stateless draw seeded by (seed, i, j), so a
+tile is the unit of randomness in both cores. Both define a query that may
+attend to no key at all (a fully padded row) to output zeros.
+
+Shapes: query [B, S, H, D]; key/value [B, T, KV, D] with H % KV == 0; key_mask
+[B, T] (True = may be attended) or None; query i sits at position
+query_offset + i (a KV cache), key t at position t.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+CORES = ("chunked", "plain")
+DEFAULT_CHUNK = 512  # a [B, H, 512, 512] float32 tile: 1 MiB per batch row and head
+_MASKED = -1e9  # a masked score; exp(_MASKED - m) is exactly 0 whenever a row has a real score
+_NO_KEY = -5e8  # a row whose running max stays below this attended to no key
+
+
+def chunk_sizes(query_length, key_length, chunk_size=None):
+    """(query chunk, key chunk, query chunks, key chunks); lengths may be tensors.
+
+    A chunk never exceeds its sequence: a short sequence is one chunk, so a
+    512-token batch runs as one tile with no padding.
+    """
+    check_chunk_size(chunk_size, key_length)
+    size = int(chunk_size or DEFAULT_CHUNK)
+    query_chunk = _min(query_length, size)
+    key_chunk = _min(key_length, size)
+    return query_chunk, key_chunk, _ceil_div(query_length, query_chunk), _ceil_div(key_length, key_chunk)
+
+
+def check_chunk_size(chunk_size, key_length=None):
+    """A chunk is a positive number of positions, at most the keys' length where that is known."""
+    if chunk_size is None:
+        return
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"Attention chunk_size must be a positive number of positions (or None), got {chunk_size!r}.")
+    if isinstance(key_length, int) and chunk_size > key_length:
+        raise ValueError(
+            f"Attention chunk_size {chunk_size} is larger than the key sequence length {key_length}; "
+            f"use a chunk size of at most {key_length}, or None to choose it from the length."
+        )
+
+
+def _min(length, size):
+    return min(length, size) if isinstance(length, int) else tf.minimum(length, size)
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def _length(x, axis):
+    static = x.shape[axis]
+    return static if static is not None else tf.shape(x)[axis]
+
+
+def _tile_seed(seed, i, j):
+    seed = tf.random.experimental.stateless_fold_in(seed, 0)  # site 0 of the block: attention probabilities
+    return tf.random.experimental.stateless_fold_in(tf.random.experimental.stateless_fold_in(seed, i), j)
+
+
+def _tile_keep(seed, i, j, shape, rate):
+    """The dropout keep-mask of tile (i, j), [B, H, query chunk, key chunk]."""
+    return tf.random.stateless_uniform(shape, seed=_tile_seed(seed, i, j)) >= rate
+
+
+def _allowed(key_mask, causal, query_positions, key_positions):
+    """Which (query, key) pairs may attend: [B or 1, 1, S, T] (None = all)."""
+    allowed = None
+    if key_mask is not None:
+        allowed = tf.cast(key_mask, tf.bool)[:, None, None, :]
+    if causal:
+        below = (key_positions[None, :] <= query_positions[:, None])[None, None]
+        allowed = below if allowed is None else tf.logical_and(allowed, below)
+    return allowed
+
+
+def plain_attention(query, key, value, key_mask=None, causal=False, query_offset=0, rate=0.0, seed=None,
+                    chunk_size=None):
+    """The reference core: scores, softmax and dropout mask held whole."""
+    query, key, value = (tf.convert_to_tensor(x) for x in (query, key, value))
+    batch, num_heads, kv_heads = tf.shape(query)[0], query.shape[2], key.shape[2]
+    if kv_heads != num_heads:
+        key = tf.repeat(key, num_heads // kv_heads, axis=2)
+        value = tf.repeat(value, num_heads // kv_heads, axis=2)
+    query_length, key_length = _length(query, 1), _length(key, 1)
+    scale = 1.0 / float(query.shape[-1]) ** 0.5
+    scores = tf.cast(tf.einsum("bshd,bthd->bhst", query * tf.cast(scale, query.dtype), key), tf.float32)
+    allowed = _allowed(key_mask, causal, query_offset + tf.range(query_length), tf.range(key_length))
+    if allowed is not None:
+        scores = tf.where(allowed, scores, _MASKED)
+    probs = tf.cast(tf.nn.softmax(scores, axis=-1), value.dtype)
+    if rate and seed is not None:
+        keep = _whole_keep(seed, batch, num_heads, query_length, key_length, rate, chunk_size)
+        probs = tf.where(keep, probs / tf.cast(1.0 - rate, probs.dtype), tf.zeros_like(probs))
+    out = tf.einsum("bhst,bthd->bshd", probs, value)
+    if allowed is not None:  # a query with no key to attend to outputs zeros, as in the chunked core
+        has_key = tf.transpose(tf.reduce_any(allowed, axis=-1), [0, 2, 1])[..., None]  # [B or 1, S, 1, 1]
+        out = tf.where(has_key, out, tf.zeros_like(out))
+    return out
+
+
+def _whole_keep(seed, batch, heads, query_length, key_length, rate, chunk_size):
+    """The chunked core's tile masks, assembled into one [B, H, S, T] mask."""
+    cq, ck, nq, nk = chunk_sizes(query_length, key_length, chunk_size)
+    shape = tf.stack([batch, heads, cq, ck])
+    tiles = tf.map_fn(lambda ij: _tile_keep(seed, ij // nk, ij % nk, shape, rate), tf.range(nq * nk),
+                      fn_output_signature=tf.TensorSpec(None, tf.bool))
+    tiles = tf.reshape(tiles, tf.stack([nq, nk, batch, heads, cq, ck]))
+    whole = tf.reshape(tf.transpose(tiles, [2, 3, 0, 4, 1, 5]), tf.stack([batch, heads, nq * cq, nk * ck]))
+    return whole[:, :, :query_length, :key_length]
+
+
+class _Tiles:
+    """Queries and keys cut into chunks ([chunk index, B, chunk, ...]) and each tile's
+    scores, mask and dropout: what the forward and backward passes share."""
+
+    def __init__(self, query, key, value, key_mask, causal, query_offset, rate, seed, chunk_size):
+        self.dtype = value.dtype
+        self.batch, self.static_batch = tf.shape(query)[0], query.shape[0]
+        self.heads, self.kv_heads, self.head_dim = query.shape[2], key.shape[2], query.shape[3]
+        self.group = self.heads // self.kv_heads
+        self.query_length, self.key_length = _length(query, 1), _length(key, 1)
+        self.cq, self.ck, self.nq, self.nk = chunk_sizes(self.query_length, self.key_length, chunk_size)
+        self.causal, self.query_offset, self.rate, self.seed = causal, query_offset, rate, seed
+        self.scale = 1.0 / float(self.head_dim) ** 0.5
+        grouped = tf.reshape(query, tf.stack([self.batch, self.query_length, self.kv_heads, self.group,
+                                              self.head_dim]))
+        self.q = self.chunks(grouped, self.cq, self.nq)  # [nq, B, cq, KV, G, D]
+        self.k = self.chunks(key, self.ck, self.nk)  # [nk, B, ck, KV, D]
+        self.v = self.chunks(value, self.ck, self.nk)
+        if key_mask is None:
+            key_mask = tf.ones(tf.stack([self.batch, self.key_length]), tf.bool)
+        self.key_mask = self.chunks(tf.cast(key_mask, tf.bool), self.ck, self.nk)  # [nk, B, ck]; padding is False
+
+    def chunks(self, x, size, count):
+        """[B, L, ...] -> [count, B, size, ...], padded at the end of L."""
+        pad = count * size - tf.shape(x)[1]
+        x = tf.pad(x, [[0, 0], [0, pad]] + [[0, 0]] * (x.shape.rank - 2))
+        shape = tf.concat([[tf.shape(x)[0], count, size], tf.shape(x)[2:]], axis=0)
+        perm = [1, 0] + list(range(2, x.shape.rank + 1))
+        return tf.transpose(tf.reshape(x, shape), perm)
+
+    def key_chunks_for(self, i):
+        """How many key chunks query chunk i sees: all, or up to the diagonal when causal."""
+        if not self.causal:
+            return self.nk
+        last_position = self.query_offset + (i + 1) * self.cq - 1
+        return tf.minimum(self.nk, last_position // self.ck + 1)
+
+    def scores(self, i, j, q):
+        """Masked float32 scores of tile (i, j): [B, KV, G, cq, ck]."""
+        s = tf.cast(tf.einsum("bqkgd,btkd->bkgqt", q * tf.cast(self.scale, q.dtype), self.k[j]), tf.float32)
+        allowed = self.key_mask[j][:, None, None, None, :]
+        if self.causal:
+            query_positions = self.query_offset + i * self.cq + tf.range(self.cq)
+            key_positions = j * self.ck + tf.range(self.ck)
+            allowed = tf.logical_and(allowed, key_positions[None, :] <= query_positions[:, None])
+        return tf.where(allowed, s, _MASKED)
+
+    def dropout_scale(self, i, j, scores):
+        """keep / (1 - rate) for tile (i, j) as float32 [B, KV, G, cq, ck], or None without dropout.
+
+        Drawn after the tile's `scores`: a draw depends only on the seed and (i, j), and
+        graph-mode loops (lowered to dataflow) would otherwise draw every layer's tiles
+        at once, at the start of the step, and hold them until used.
+        """
+        if not self.rate or self.seed is None:
+            return None
+        shape = tf.stack([self.batch, self.heads, self.cq, self.ck])
+        with tf.control_dependencies([scores]):
+            keep = _tile_keep(self.seed, i, j, shape, self.rate)
+        keep = tf.reshape(keep, tf.stack([self.batch, self.kv_heads, self.group, self.cq, self.ck]))
+        return tf.cast(keep, tf.float32) / (1.0 - self.rate)
+
+    def unchunk(self, x, length):
+        """[count, B, size, ...] -> [B, length, ...]."""
+        perm = [1, 0] + list(range(2, x.shape.rank))
+        x = tf.transpose(x, perm)
+        shape = tf.concat([[tf.shape(x)[0], tf.shape(x)[1] * tf.shape(x)[2]], tf.shape(x)[3:]], axis=0)
+        return tf.reshape(x, shape)[:, :length]
+
+
+def _forward(t: _Tiles):
+    """Online softmax over key chunks, per query chunk: (float32 out [B, S, H, D], lse [nq, B, KV, G, cq])."""
+    stats_shape = tf.stack([t.batch, t.kv_heads, t.group, t.cq])
+
+    def query_chunk(i, outputs, lses):
+        q = t.q[i]
+
+        def key_chunk(j, m, total, acc):
+            s = t.scores(i, j, q)
+            m_new = tf.maximum(m, tf.reduce_max(s, axis=-1))
+            p = tf.exp(s - m_new[..., None])
+            kept = total * tf.exp(m - m_new)  # the earlier keys' share, rescaled to the new max
+            total = kept + tf.reduce_sum(p, axis=-1)
+            # acc stays normalised (the output so far): with one key chunk, the probabilities are rounded
+            # to 16 bits exactly where the plain core rounds them.
+            p = p / total[..., None]
+            drop = t.dropout_scale(i, j, s)
+            if drop is not None:
+                p = p * drop
+            pv = tf.einsum("bkgqt,btkd->bkgqd", tf.cast(p, t.dtype), t.v[j])
+            return j + 1, m_new, total, acc * (kept / total)[..., None] + tf.cast(pv, tf.float32)
+
+        m0 = tf.fill(stats_shape, float("-inf"))
+        acc0 = tf.zeros(tf.concat([stats_shape, [t.head_dim]], 0), tf.float32)
+        _, m, total, acc = tf.while_loop(
+            lambda j, *_: j < t.key_chunks_for(i), key_chunk,
+            (tf.constant(0), m0, tf.zeros(stats_shape, tf.float32), acc0), parallel_iterations=1,
+        )
+        has_key = m > _NO_KEY
+        out = tf.where(has_key[..., None], acc, 0.0)  # [B, KV, G, cq, D]
+        lse = tf.where(has_key, m + tf.math.log(total), float("inf"))  # +inf: the backward's exp() gives 0
+        out = tf.reshape(tf.transpose(out, [0, 3, 1, 2, 4]), tf.stack([t.batch, t.cq, t.heads, t.head_dim]))
+        return i + 1, outputs.write(i, out), lses.write(i, lse)
+
+    batch, cq = t.static_batch, t.cq if isinstance(t.cq, int) else None
+    outputs = tf.TensorArray(tf.float32, size=t.nq, element_shape=[batch, cq, t.heads, t.head_dim])
+    lses = tf.TensorArray(tf.float32, size=t.nq, element_shape=[batch, t.kv_heads, t.group, cq])
+    _, outputs, lses = tf.while_loop(lambda i, *_: i < t.nq, query_chunk, (tf.constant(0), outputs, lses),
+                                     parallel_iterations=1)
+    return t.unchunk(outputs.stack(), t.query_length), lses.stack()
+
+
+def _backward(t: _Tiles, out, lse, d_out):
+    """Gradients of Q, K, V, recomputing each tile's probabilities from the saved lse."""
+    grouped = tf.stack([t.batch, t.query_length, t.kv_heads, t.group, t.head_dim])
+    d_out = tf.reshape(d_out, grouped)
+    # D_i = rowsum(dO ∘ O) = rowsum(P ∘ dP): the softmax backward's per-row term, dropout included.
+    d_rows = tf.reduce_sum(tf.cast(d_out, tf.float32) * tf.reshape(out, grouped), axis=-1)
+    d_rows = tf.transpose(t.chunks(d_rows, t.cq, t.nq), [0, 1, 3, 4, 2])  # [nq, B, KV, G, cq]
+    d_out = t.chunks(d_out, t.cq, t.nq)  # [nq, B, cq, KV, G, D]
+    zeros_kv = tf.zeros(tf.concat([[t.nk], tf.shape(t.k)[1:]], 0), tf.float32)
+
+    def query_chunk(i, d_queries, d_keys, d_values):
+        do, lse_i, d_row = d_out[i], lse[i], d_rows[i]
+        # Graph-mode loops are lowered to dataflow, which would recompute each layer's first tiles as soon
+        # as its Q and K exist (during the forward pass) and hold them until the incoming gradient arrives.
+        # A data dependency on that gradient (control dependencies did not hold) keeps one tile alive.
+        q = t.q[i] + 0.0 * tf.cast(tf.transpose(d_row, [0, 3, 1, 2])[..., None], t.dtype)
+
+        def key_chunk(j, d_q, d_keys, d_values):
+            s = t.scores(i, j, q)
+            p = tf.exp(s - lse_i[..., None])  # the forward's probabilities, exactly
+            dp = tf.cast(tf.einsum("bqkgd,btkd->bkgqt", do, t.v[j]), tf.float32)
+            drop = t.dropout_scale(i, j, s)
+            p_dropped = p if drop is None else p * drop
+            dp = dp if drop is None else dp * drop
+            ds = tf.cast(p * (dp - d_row[..., None]), t.dtype)
+            d_v = tf.einsum("bkgqt,bqkgd->btkd", tf.cast(p_dropped, t.dtype), do)
+            d_k = tf.einsum("bkgqt,bqkgd->btkd", ds, q) * tf.cast(t.scale, t.dtype)
+            d_q = d_q + tf.cast(tf.einsum("bkgqt,btkd->bqkgd", ds, t.k[j]), tf.float32) * t.scale
+            d_keys = tf.tensor_scatter_nd_add(d_keys, [[j]], tf.cast(d_k, tf.float32)[None])
+            d_values = tf.tensor_scatter_nd_add(d_values, [[j]], tf.cast(d_v, tf.float32)[None])
+            return j + 1, d_q, d_keys, d_values
+
+        _, d_q, d_keys, d_values = tf.while_loop(
+            lambda j, *_: j < t.key_chunks_for(i), key_chunk,
+            (tf.constant(0), tf.zeros(tf.shape(q), tf.float32), d_keys, d_values), parallel_iterations=1,
+        )
+        return i + 1, d_queries.write(i, tf.cast(d_q, t.dtype)), d_keys, d_values
+
+    d_queries = tf.TensorArray(t.dtype, size=t.nq, element_shape=t.q.shape[1:])
+    _, d_queries, d_keys, d_values = tf.while_loop(
+        lambda i, *_: i < t.nq, query_chunk, (tf.constant(0), d_queries, zeros_kv, zeros_kv), parallel_iterations=1,
+    )
+    d_query = t.unchunk(d_queries.stack(), t.query_length)
+    d_query = tf.reshape(d_query, tf.stack([t.batch, t.query_length, t.heads, t.head_dim]))
+    return d_query, t.unchunk(tf.cast(d_keys, t.dtype), t.key_length), t.unchunk(tf.cast(d_values, t.dtype),
+                                                                                   t.key_length)
+
+
+def chunked_attention(query, key, value, key_mask=None, causal=False, query_offset=0, rate=0.0, seed=None,
+                      chunk_size=None):
+    """The memory-efficient core: O(s·chunk) working memory; saves Q, K, V, output and lse."""
+    query, key, value = (tf.convert_to_tensor(x) for x in (query, key, value))
+    chunk_sizes(_length(query, 1), _length(key, 1), chunk_size)  # bad chunk sizes fail here, not in a loop
+
+    @tf.custom_gradient
+    def core(q, k, v):
+        tiles = _Tiles(q, k, v, key_mask, causal, query_offset, rate, seed, chunk_size)
+        # The float32 output is what the backward's rowsum(dO ∘ O) needs: from a 16-bit O it would cancel
+        # badly against dP. It costs 4 bytes per output element, the size of Q in float32.
+        out, lse = _forward(tiles)
+
+        def grad(d_out):
+            return _backward(_Tiles(q, k, v, key_mask, causal, query_offset, rate, seed, chunk_size),
+                             out, lse, d_out)
+
+        return tf.cast(out, v.dtype), grad
+
+    return core(query, key, value)
+
+
+def attention(query, key, value, core="chunked", **kwargs):
+    """Dispatch to one of `CORES`; the keyword arguments are the cores' own."""
+    if core == "chunked":
+        return chunked_attention(query, key, value, **kwargs)
+    if core == "plain":
+        return plain_attention(query, key, value, **kwargs)
+    raise ValueError(f"Unknown attention core {core!r}; known cores: {', '.join(CORES)}.")
