@@ -12,13 +12,14 @@ import numpy as np
 import zoo
 
 
-def compiled_model(model, policy, precision, seq):
+def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=None):
     spec = zoo.spec(model)
     task = "masked_lm" if spec.family == "bert" else "causal_lm"
     # BERT has 512 learned positions: longer sequences get a model with more of them.
     overrides = {"max_sequence_length": seq} if seq > spec.max_sequence_length else {}
     keras.utils.set_random_seed(0)  # same weights and data in every variant
     m = zoo.get(model, checkpointing=policy, dtype=precision, task=task, **overrides)
+    m.set_attention(core, chunk_size)
     m.compile(optimizer=keras.optimizers.Adam(1e-4, clipnorm=1.0),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     m.optimizer.build(m.trainable_variables)  # Adam's slots count as "built", not as step memory

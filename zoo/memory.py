@@ -10,12 +10,19 @@ float32 take twice the 16-bit figure. Under `full` only each block's input
 (2·s·b·h bytes in 16-bit) is kept, plus one block's activations while it is
 recomputed. Logits and their gradient are float32 [b, s, vocab].
 
+The chunked attention core (the default) keeps none of the 5·a·s²·b term, under
+any policy: it saves its float32 output (4·s·b·h bytes) and each row's
+log-sum-exp (4·a·s·b) instead, and works on float32 tiles of chunk × chunk
+scores, about six of them alive at once in one layer's backward pass. So its
+estimate grows linearly in s; the plain core's (`attention="plain"`) grows as s².
+
 It is an estimate, meant to rank choices and to refuse a run that cannot fit;
 `benchmarks/memory.py` measures the real figures on this stack.
 """
 
 from dataclasses import asdict, dataclass
 
+from zoo.layers.attention_core import CORES, DEFAULT_CHUNK
 from zoo.recompute import resolve
 from zoo.registry import ModelSpec
 from zoo.registry import spec as lookup
@@ -47,8 +54,12 @@ def _activation_bytes(precision: str) -> int:
     return 4 if precision == "float32" else 2
 
 
+TILES_ALIVE = 6  # float32 tiles in the chunked core's backward: scores, P, dropout scale, dP, dS, dropped P
+
+
 def estimate(spec, batch_size: int, sequence_length: int, precision: str = "float32",
-             checkpointing="none", task=None, optimizer: str = "adam") -> MemoryEstimate:
+             checkpointing="none", task=None, optimizer: str = "adam", attention: str = "chunked",
+             chunk_size: int | None = None) -> MemoryEstimate:
     """Bytes one training step holds at its peak, by component.
 
     Args:
@@ -58,6 +69,8 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
         checkpointing: "none", "full" or "selective".
         task: the task head; None: the family's default.
         optimizer: "adam"/"adamw" (two fp32 moments) or "sgd".
+        attention: the attention core, "chunked" (default) or "plain".
+        chunk_size: the chunked core's tile side; None: as the model picks it.
 
     Returns:
         A `MemoryEstimate` (bytes per component and `.total`).
@@ -71,14 +84,21 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
     weight_bytes = 2 if precision in ("bfloat16", "float16") else 4
     optimizer_slots = {"adam": 2, "adamw": 2, "sgd": 0}[optimizer.lower()]
 
+    if attention not in CORES:
+        raise ValueError(f"Unknown attention core {attention!r}; known cores: {', '.join(CORES)}.")
     b, seq, h, a = batch_size, sequence_length, s.hidden_dim, s.num_heads
     scale = _activation_bytes(precision) / 2  # the formula counts 16-bit activations
-    per_layer_full = seq * b * h * (34 + 5 * a * seq / h) * scale
     per_layer_no_core = seq * b * h * 34 * scale
     if s.family == "llama":  # SwiGLU holds three ffn-wide tensors instead of two
-        extra = seq * b * s.intermediate_dim * 2 * scale
-        per_layer_full += extra
-        per_layer_no_core += extra
+        per_layer_no_core += seq * b * s.intermediate_dim * 2 * scale
+    if attention == "plain":
+        per_layer_full = per_layer_no_core + seq * b * h * (5 * a * seq / h) * scale
+        working = 0
+    else:  # no s² term kept; float32 output and log-sum-exp saved; a few tiles alive in one layer
+        per_layer_no_core += 4 * seq * b * h + 4 * a * seq * b
+        per_layer_full = per_layer_no_core
+        tile = min(seq, chunk_size or DEFAULT_CHUNK)
+        working = TILES_ALIVE * b * a * tile * tile * 4
     layers = s.num_layers
     if policy == "none":
         activations = layers * per_layer_full
@@ -86,6 +106,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
         activations = layers * per_layer_no_core
     else:
         activations = layers * 2 * seq * b * h * scale + per_layer_full
+    activations += working
     logits = 0
     if (task or s.default_task) in ("causal_lm",):
         logits = 3 * b * seq * s.vocab_size * 4  # logits, softmax, their gradient

@@ -46,3 +46,21 @@ def test_stateless_dropout_is_repeatable_and_unbiased():
     assert not np.array_equal(a, stateless_dropout(x, 0.1, seed, site=1))  # sites differ
     kept = float(tf.reduce_mean(tf.cast(a > 0, "float32")))
     assert abs(kept - 0.9) < 0.01 and abs(float(tf.reduce_mean(a)) - 1.0) < 0.02
+
+
+def test_bad_attention_choices_name_the_problem():
+    import zoo
+    from tests.common import TINY_DEC
+
+    model = zoo.get("dec-base", **TINY_DEC)
+    with pytest.raises(ValueError, match="known cores: chunked, plain"):
+        model.set_attention("flash")
+    with pytest.raises(ValueError, match="positive number of positions"):
+        model.set_attention("chunked", 0)
+    model.set_attention("chunked", 64)
+    x = {"token_ids": np.ones((1, 16), "int32"), "padding_mask": np.ones((1, 16), "int32")}
+    with pytest.raises(ValueError, match="chunk_size 64 is larger than the key sequence length 16"):
+        model(x)
+    model.set_attention("chunked", 16)
+    assert model.attention == ("chunked", 16)
+    assert model(x)["logits"].shape == (1, 16, TINY_DEC["vocab_size"])

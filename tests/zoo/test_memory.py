@@ -52,7 +52,7 @@ def test_small_spec_parameter_counts_by_hand():
 @pytest.mark.parametrize("policy", zoo.POLICIES)
 @pytest.mark.parametrize("precision, activation_bytes", [("float32", 4), ("mixed_bfloat16", 2)])
 def test_estimate_matches_the_hand_computed_formula(spec, policy, precision, activation_bytes):
-    e = memory.estimate(spec, B, S, precision, policy)
+    e = memory.estimate(spec, B, S, precision, policy, attention="plain")
     params = spec.num_params()
     assert e.weights == e.gradients == params * 4  # fp32 (master) weights and gradients
     assert e.optimizer == params * 4 * 2  # Adam's two fp32 moments
@@ -62,15 +62,36 @@ def test_estimate_matches_the_hand_computed_formula(spec, policy, precision, act
     assert e.total == e.weights + e.gradients + e.optimizer + e.activations + e.logits
 
 
+# The chunked core keeps no 5·a·s² term: its float32 output (4·s·b·h) and log-sum-exp (4·a·s·b) instead,
+# under every policy, plus six float32 tiles of 16 x 16 scores (the whole sequence is one chunk) in one layer.
+CHUNKED_SAVED = 4 * SBH + 4 * 4 * S * B  # 8,192 + 2,048
+TILES = 6 * B * 4 * 16 * 16 * 4  # 49,152
+
+
+@pytest.mark.parametrize("spec", [ENC, DEC], ids=["enc", "dec"])
+@pytest.mark.parametrize("precision, activation_bytes", [("float32", 4), ("mixed_bfloat16", 2)])
+def test_chunked_core_estimate_by_hand(spec, precision, activation_bytes):
+    layer = (CORELESS_16 + (SWIGLU_16 if spec.family == "llama" else 0)) * activation_bytes // 2 + CHUNKED_SAVED
+    expected = {"none": 2 * layer + TILES, "selective": 2 * layer + TILES,
+                "full": 2 * (2 * SBH) * activation_bytes // 2 + layer + TILES}
+    for policy, activations in expected.items():
+        assert memory.estimate(spec, B, S, precision, policy).activations == activations, policy
+    # Linear in s beyond one chunk: 8 times the length is 8 times the activations when the tiles are 4 x 4.
+    short, long = (memory.estimate(spec, B, n, precision, "none", chunk_size=4).activations for n in (16, 128))
+    assert long - TILES // 16 == 8 * (short - TILES // 16)
+    with pytest.raises(ValueError, match="known cores: chunked, plain"):
+        memory.estimate(spec, B, S, attention="flash")
+
+
 def test_estimate_other_precisions_and_optimizers():
     params = DEC.num_params()
-    half = memory.estimate(DEC, B, S, "bfloat16", "none")
+    half = memory.estimate(DEC, B, S, "bfloat16", "none", attention="plain")
     assert half.weights == half.gradients == params * 2 and half.optimizer == params * 8
     assert half.activations == ACTIVATIONS_16["llama", "none"]
     assert memory.estimate(DEC, B, S, "float32", "none", optimizer="sgd").optimizer == 0
     assert memory.estimate(DEC, B, S, "float32", "none", optimizer="AdamW").optimizer == params * 8
     # A real shape: enc-base, batch 4 x 512, float32, no recomputation.
-    e = memory.estimate("enc-base", 4, 512, "float32", "none")
+    e = memory.estimate("enc-base", 4, 512, "float32", "none", attention="plain")
     assert e.weights == zoo.spec("enc-base").num_params() * 4 == 109_482_240 * 4
     assert e.activations == 12 * 512 * 4 * 768 * (34 + 5 * 12 * 512 / 768) * 2 == 2_793_406_464
 
@@ -84,8 +105,10 @@ def test_estimate_grows_with_batch_length_and_layers(spec, policy):
         total[b, s, layers] = memory.estimate(spec.replace(num_layers=layers), b, s, "mixed_bfloat16", policy).total
     base = total[2, 16, 2]
     assert total[3, 16, 2] > base and total[2, 32, 2] > base and total[2, 16, 3] > base, total
-    e = {p: memory.estimate(spec, 2, 16, "float32", p) for p in zoo.POLICIES}
+    e = {p: memory.estimate(spec, 2, 16, "float32", p, attention="plain") for p in zoo.POLICIES}
     assert e["full"].activations < e["selective"].activations < e["none"].activations
+    e = {p: memory.estimate(spec, 2, 16, "float32", p) for p in zoo.POLICIES}  # chunked: selective is none
+    assert e["full"].activations < e["selective"].activations == e["none"].activations
 
 
 def test_largest_batch_is_the_last_that_fits():
