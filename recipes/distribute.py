@@ -15,7 +15,8 @@ around here rather than by a training loop of our own:
   * `_maybe_symbolic_build` reduces the first batch with `strategy.reduce("MEAN", dict)`,
     which the collective reduce cannot convert (keras #20329, dict inputs): the model is
     left without a recorded strategy, and `fit` runs inside `strategy.scope()`, where
-    `model.distribute_strategy` still finds it.
+    `model.distribute_strategy` still finds it. (Done under mirrored too: that build also
+    draws a batch from an iterator it drops, which moves a reshuffling dataset's order.)
   * the step's logs are reduced with `strategy.reduce("MEAN", scalar, axis=0)`
     (tensorflow #72388, keras #20585): train and test steps return their logs as [1] vectors.
 """
@@ -160,9 +161,14 @@ class Cluster:
 
     def prepare(self, model):
         """Make `model.fit` work under this strategy (see the module notes); call fit inside `scope()`."""
+        if self.kind is None:
+            return model
+        # The symbolic build draws a batch from an iterator it then drops; with a dataset that reshuffles per
+        # iteration, training then starts on the second iterator's order, not the one a single device sees.
+        # Under multi-worker it also fails outright (keras #20329). Skip it: fit builds while tracing instead.
+        model._distribute_strategy = None
         if self.kind != "multi-worker":
             return model
-        model._distribute_strategy = None  # keras #20329: skip the symbolic build's reduce of a dict batch
         for name in ("train_step", "test_step"):
             setattr(model, name, functools.partial(_logs_as_vectors, getattr(model, name)))
         return model

@@ -288,7 +288,7 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
         zoo.hub.save(model, hf_out, tokenizer=tokenizer, overwrite=True, labels=labels)
     print(f"{recipe.name}: steps {start} -> {result.step}; {result.tokens_per_second:,.0f} tokens/s; "
           f"peak memory {result.peak_bytes / 2**20:,.0f} MiB (allocator), {result.max_rss_bytes / 2**20:,.0f} MiB RSS; "
-          f"model saved to {final}")
+          + (f"model saved to {final}" if cluster.chief else "a worker: the chief saves the model"))
     return result
 
 
