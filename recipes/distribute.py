@@ -28,6 +28,7 @@ import functools
 import json
 import os
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass
 
@@ -210,6 +211,18 @@ def make(kind: str | None = None, devices=None) -> Cluster:
     chief = task["type"] == "chief" or (task["type"] == "worker" and task["index"] == 0
                                         and "chief" not in config["cluster"])
     return Cluster(strategy, "multi-worker", chief)
+
+
+def local_tf_configs(workers: int) -> list:
+    """TF_CONFIG values for `workers` processes on 127.0.0.1 (task 0 first), to try multi-worker on one
+    machine: ports the OS hands out for port 0, released just before the workers bind them."""
+    sockets = [socket.socket() for _ in range(workers)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    cluster = {"worker": [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]}
+    for s in sockets:
+        s.close()
+    return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}) for i in range(workers)]
 
 
 # What a peer's death looks like from the survivors: the collective is aborted or times out.

@@ -10,7 +10,6 @@ resume, and the same two commands then finish the run where the last checkpoint 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from recipes import state
+from recipes import distribute, state
 from tests.common import REPO, TINY_RECIPE_DEC
 from tests.recipes.test_distribute import child_env
 
@@ -35,28 +34,15 @@ def args(out_dir, data, vocabulary):
     return argv + [a for key, value in shape.items() for a in ("--override", f"{key}={value}")]
 
 
-def free_ports(n):
-    """Ports the OS hands out for port 0, released just before the workers bind them."""
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def start_workers(argv, tmp_path, name, pause_after=None):
     """Two `zoo train` processes, task 0 (the chief) and task 1; each with its own TMPDIR."""
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
     command = [sys.executable, "-m", "tests.recipes.distribute_child", "cli", str(pause_after or 0), *argv,
                "--strategy", "multi-worker"]
     workers = []
-    for index in range(2):
+    for index, tf_config in enumerate(distribute.local_tf_configs(2)):
         scratch = tmp_path / f"{name}-tmp-{index}"
         scratch.mkdir()
-        env = {**child_env(), "TMPDIR": str(scratch),
-               "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+        env = {**child_env(), "TMPDIR": str(scratch), "TF_CONFIG": tf_config}
         log = open(tmp_path / f"{name}-{index}.log", "w+")
         workers.append((subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), log))
     return workers
