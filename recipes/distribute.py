@@ -161,13 +161,16 @@ class Cluster:
         return self.strategy.distribute_datasets_from_function(per_process)
 
     def prepare(self, model):
-        """Make `model.fit` work under this strategy (see the module notes); call fit inside `scope()`."""
+        """Make a compiled `model`'s `fit` work under this strategy (module notes); call fit inside `scope()`."""
         if self.kind is None:
             return model
         # The symbolic build draws a batch from an iterator it then drops; with a dataset that reshuffles per
         # iteration, training then starts on the second iterator's order, not the one a single device sees.
         # Under multi-worker it also fails outright (keras #20329). Skip it: fit builds while tracing instead.
         model._distribute_strategy = None
+        if not model.optimizer.built:  # what the symbolic build would have built; not in a replica's trace
+            with self.scope():
+                model.optimizer.build(model.trainable_variables)
         if self.kind != "multi-worker":
             return model
         for name in ("train_step", "test_step"):

@@ -256,8 +256,9 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
 
     keras.utils.set_random_seed(recipe.seed)
     with cluster.scope():
-        model = cluster.prepare(build(recipe, len(labels) if labels else None))
+        model = build(recipe, len(labels) if labels else None)
         model.optimizer.build(model.trainable_variables)
+        model = cluster.prepare(model)
         start = 0
         found = state.checkpoints(out_dir)
         if found:
