@@ -76,7 +76,7 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-def run_child(variant: dict, budget_bytes=None, timeout=None) -> ChildRun:
+def run_child(variant: dict, budget_bytes=None, timeout=None, env=None) -> ChildRun:
     """Run `measure(**variant)` of the running benchmark in a fresh process.
 
     The child is `python SCRIPT --child JSON`, where SCRIPT is the benchmark that
@@ -88,13 +88,15 @@ def run_child(variant: dict, budget_bytes=None, timeout=None) -> ChildRun:
         variant: the keyword arguments of the benchmark's `measure`, JSON-serialisable.
         budget_bytes: kill the child once its RSS passes this; None: no limit.
         timeout: kill the child after this many seconds; None: no limit.
+        env: more environment variables for the child (e.g. a worker's TF_CONFIG).
 
     Returns:
         A `ChildRun`: the status, the child's JSON result, and its peak RSS.
     """
     script = os.path.abspath(sys.modules["__main__"].__file__)
     cmd = [sys.executable, script, CHILD_FLAG, json.dumps(variant)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
     start, seen = time.monotonic(), {"peak": 0, "stop": None}
 
     def watch():

@@ -7,6 +7,7 @@ itself never imports this package.
 import ast
 import json
 import math
+import sys
 from pathlib import Path
 
 
@@ -42,12 +43,18 @@ def register(subparsers):
         p.add_argument(f"--{flag}", type=kind, help=f"recipe field {flag.replace('-', '_')}")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="model spec override, repeatable (e.g. --override num_layers=2)")
+    p.add_argument("--strategy", choices=("mirrored", "multi-worker"),
+                   help="data-parallel training: 'mirrored' over this host's devices, 'multi-worker' over the hosts "
+                   "of TF_CONFIG; --batch-size is the global batch (README: Many devices, many hosts)")
+    p.add_argument("--devices", type=lambda text: [d for d in text.split(",") if d],
+                   help="with --strategy mirrored: comma-separated devices, e.g. GPU:0,GPU:1 (default: every GPU)")
     p.add_argument("--show", action="store_true", help="print the resolved recipe and exit")
     p.set_defaults(func=_train)
 
 
 def _train(args):
     import recipes
+    from recipes.distribute import WorkerLost
 
     if args.model is None and args.weights is None:
         raise ValueError("zoo train needs a model name (zoo list) or --weights to start from.")
@@ -72,10 +79,15 @@ def _train(args):
         print(json.dumps(recipe.to_dict(), indent=2))
         return 0
     out_dir = args.out_dir or f"runs/{args.model or Path(args.weights.rstrip('/')).name}"
-    result = recipes.run(
-        recipe, args.data, out_dir, column=args.text_column, label_column=args.label_column,
-        data_dir=args.data_dir, validation_every=args.validation_every, hf_out=args.hf_out,
-    )
+    try:
+        result = recipes.run(
+            recipe, args.data, out_dir, column=args.text_column, label_column=args.label_column,
+            data_dir=args.data_dir, validation_every=args.validation_every, hf_out=args.hf_out,
+            strategy=args.strategy, devices=args.devices,
+        )
+    except WorkerLost as error:
+        print(f"zoo train: error: {error}", file=sys.stderr)
+        return 3
     speed = None if math.isnan(result.tokens_per_second) else round(result.tokens_per_second, 1)
     print(json.dumps({"model": recipe.name, "steps": result.step,
                       "final_loss": (result.history or [{}])[-1].get("loss"),

@@ -8,6 +8,11 @@ step, and, every `checkpoint_every` steps, an atomic checkpoint of weights and
 optimizer state. Started again on the same out_dir, a run restores the last
 checkpoint and skips the batches already consumed, so it continues at the same
 step, schedule position and data position.
+
+Under a strategy (`strategy="mirrored"` or `"multi-worker"`, recipes.distribute) the
+recipe's batch is the global batch, split across replicas; only the chief prepares
+and writes out_dir, and the other workers read the chief's tokenizer and checkpoints
+from it, so out_dir must be storage every host sees.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import tensorflow as tf
 
 import zoo
 from recipes import data as data_lib
-from recipes import optim, pretrained, state
+from recipes import distribute, optim, pretrained, state
 from recipes import vocab as vocab_lib
 from recipes.recipe import Recipe, get
 from zoo.loading import MODEL_FILE, TOKENIZER_DIR
@@ -107,20 +112,27 @@ def _check_lengths(recipe):
                          "maskable positions of a row; lower max_predictions.")
 
 
+def _saved_tokenizer(recipe, out_dir):
+    """The tokenizer a run already wrote into out_dir (None if there is none yet)."""
+    saved = os.path.join(out_dir, TOKENIZER_DIR)
+    if not vocab_lib.files_in(saved, recipe.spec.family):
+        return None
+    return zoo.hub.load_tokenizer(saved) if recipe.weights else vocab_lib.load(saved, recipe.spec.family,
+                                                                                recipe.lowercase)
+
+
 def _tokenizer(recipe, out_dir, train_docs, scratch):
     """(tokenizer, its files): the one already in out_dir (resume), the pretrained
     weights' own, the recipe's vocabulary files, or one trained on the corpus
     (written to `scratch`)."""
     family = recipe.spec.family
     saved = os.path.join(out_dir, TOKENIZER_DIR)
+    if (tokenizer := _saved_tokenizer(recipe, out_dir)) is not None:
+        return tokenizer, saved
     if recipe.weights:
-        if vocab_lib.files_in(saved, family):
-            return zoo.hub.load_tokenizer(saved), saved
         tokenizer = pretrained.tokenizer(recipe.weights)
         zoo.hub.save_tokenizer(tokenizer, scratch)
         return tokenizer, scratch
-    if vocab_lib.files_in(saved, family):
-        return vocab_lib.load(saved, family, recipe.lowercase), saved
     if recipe.vocabulary:
         return vocab_lib.load(recipe.vocabulary, family, recipe.lowercase), recipe.vocabulary
     print(f"Training a {'WordPiece' if family == 'bert' else 'byte-level BPE'} vocabulary of "
@@ -157,49 +169,8 @@ def build(recipe, num_classes=None):
     return model
 
 
-def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_dir=None,
-        validation_every=0, validation_batches=8, callbacks=(), verbose="auto", hf_out=None) -> Result:
-    """Train `recipe` on `data` into `out_dir`, resuming what `out_dir` already holds.
-
-    Args:
-        recipe: a `Recipe` or a registered name (`recipes.get`).
-        data: a .txt/.csv/.tsv/.jsonl path or tfds:NAME[:SPLIT] (see recipes.data).
-        out_dir: run.json, tokenizer/, checkpoints/, logs/ and the final model.keras.
-        steps: optimizer updates (default: the recipe's); the schedule is stretched
-            to fit with its warmup fraction kept (`Recipe.with_steps`).
-        column, label_column: the text (and, for a classifier, label) column or field.
-        data_dir: TensorFlow Datasets' data_dir for a tfds: source (nothing is downloaded).
-        validation_every: hold out every n-th document and report validation loss per
-            interval (at most `validation_batches` batches); 0 = no validation.
-        callbacks: more Keras callbacks for `fit`.
-        hf_out: also write the final model as a Hugging Face folder there (with the
-            tokenizer and, for a classifier, the label names as `id2label`).
-
-    Returns:
-        A `Result`: steps run, per-interval history, tokens/s, peak memory, the model.
-
-    Example:
-    >>> recipe = recipes.get("classify", weights="path/to/all-MiniLM-L6-v2", steps=300)
-    >>> recipes.run(recipe, "reviews.csv", "runs/reviews", label_column="label").history[-1]
-    """
-    recipe = get(recipe) if not isinstance(recipe, Recipe) else recipe
-    if steps is not None and steps != recipe.steps:
-        recipe = recipe.with_steps(steps)
-    if recipe.task == "classifier" and label_column is None:
-        raise ValueError("The classify recipe needs labels: pass label_column (--label-column).")
-    _check_lengths(recipe)
-    docs = data_lib.documents(data, column, label_column if recipe.task == "classifier" else None, data_dir)
-    train_docs, valid_docs = data_lib.split(docs, validation_every)
-    labels = data_lib.labels_of(train_docs) if recipe.task == "classifier" else None
-    if labels is not None and len(labels) < 2:
-        raise ValueError(f"Column {label_column!r} holds {len(labels)} distinct label(s) ({labels}); "
-                         "classification needs at least 2.")
-    if labels is not None and recipe.weights:
-        pretrained.check_labels(recipe.weights, labels)
-    meta = {"model": recipe.name, "task": recipe.task, "spec": recipe.spec.to_dict(),
-            "recipe": recipe.to_dict(), "labels": labels}
-    state.check_compatible(out_dir, meta)
-
+def _prepare(recipe, out_dir, train_docs, meta):
+    """The chief's part before training: the tokenizer (checked, written) and run.json."""
     scratch = tempfile.mkdtemp(prefix="recipes-vocab-")
     try:
         tokenizer, source = _tokenizer(recipe, out_dir, train_docs, scratch)
@@ -217,52 +188,146 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
         state.write_json_atomic(os.path.join(out_dir, state.RUN_FILE), meta)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    state.discard_partial(out_dir)
+    return tokenizer
+
+
+def _chiefs_tokenizer(recipe, out_dir):
+    tokenizer = _saved_tokenizer(recipe, out_dir)
+    if tokenizer is None:
+        raise ValueError(f"This worker does not see the tokenizer the chief wrote into {out_dir!r}: a multi-worker "
+                         "run's --out-dir must be storage every host shares (NFS, a mounted bucket), at the same path.")
+    return tokenizer
+
+
+def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_dir=None,
+        validation_every=0, validation_batches=8, callbacks=(), verbose="auto", hf_out=None,
+        strategy=None, devices=None) -> Result:
+    """Train `recipe` on `data` into `out_dir`, resuming what `out_dir` already holds.
+
+    Args:
+        recipe: a `Recipe` or a registered name (`recipes.get`).
+        data: a .txt/.csv/.tsv/.jsonl path or tfds:NAME[:SPLIT] (see recipes.data).
+        out_dir: run.json, tokenizer/, checkpoints/, logs/ and the final model.keras.
+        steps: optimizer updates (default: the recipe's); the schedule is stretched
+            to fit with its warmup fraction kept (`Recipe.with_steps`).
+        column, label_column: the text (and, for a classifier, label) column or field.
+        data_dir: TensorFlow Datasets' data_dir for a tfds: source (nothing is downloaded).
+        validation_every: hold out every n-th document and report validation loss per
+            interval (at most `validation_batches` batches); 0 = no validation.
+        callbacks: more Keras callbacks for `fit`.
+        hf_out: also write the final model as a Hugging Face folder there (with the
+            tokenizer and, for a classifier, the label names as `id2label`).
+        strategy: None (one device), "mirrored" (the devices of this host, or `devices`)
+            or "multi-worker" (the hosts of TF_CONFIG); see recipes.distribute.
+        devices: for "mirrored", device names such as ["GPU:0", "GPU:1"].
+
+    Returns:
+        A `Result`: steps run, per-interval history, tokens/s, peak memory, the model.
+
+    Example:
+    >>> recipe = recipes.get("classify", weights="path/to/all-MiniLM-L6-v2", steps=300)
+    >>> recipes.run(recipe, "reviews.csv", "runs/reviews", label_column="label").history[-1]
+    """
+    recipe = get(recipe) if not isinstance(recipe, Recipe) else recipe
+    if steps is not None and steps != recipe.steps:
+        recipe = recipe.with_steps(steps)
+    # First: a multi-worker strategy must exist before TensorFlow runs anything.
+    cluster = strategy if isinstance(strategy, distribute.Cluster) else distribute.make(strategy, devices)
+    cluster.check_batch(recipe.batch_size)
+    if recipe.task == "classifier" and label_column is None:
+        raise ValueError("The classify recipe needs labels: pass label_column (--label-column).")
+    _check_lengths(recipe)
+    docs = data_lib.documents(data, column, label_column if recipe.task == "classifier" else None, data_dir)
+    train_docs, valid_docs = data_lib.split(docs, validation_every)
+    labels = data_lib.labels_of(train_docs) if recipe.task == "classifier" else None
+    if labels is not None and len(labels) < 2:
+        raise ValueError(f"Column {label_column!r} holds {len(labels)} distinct label(s) ({labels}); "
+                         "classification needs at least 2.")
+    if labels is not None and recipe.weights:
+        pretrained.check_labels(recipe.weights, labels)
+    meta = {"model": recipe.name, "task": recipe.task, "spec": recipe.spec.to_dict(),
+            "recipe": recipe.to_dict(), "labels": labels}
+    state.check_compatible(out_dir, meta)
+
+    tokenizer = _prepare(recipe, out_dir, train_docs, meta) if cluster.chief else None
+    cluster.barrier()  # workers start once the chief's tokenizer, run.json and checkpoints are in place
+    tokenizer = tokenizer or _chiefs_tokenizer(recipe, out_dir)
 
     keras.utils.set_random_seed(recipe.seed)
-    model = build(recipe, len(labels) if labels else None)
-    model.optimizer.build(model.trainable_variables)
-    start = 0
-    state.discard_partial(out_dir)
-    found = state.checkpoints(out_dir)
-    if found:
-        start = state.restore(found[-1][1], model, model.optimizer)
-        print(f"Resuming {recipe.name} from step {start} ({found[-1][1]}).")
+    with cluster.scope():
+        model = build(recipe, len(labels) if labels else None)
+        model.optimizer.build(model.trainable_variables)
+        model = cluster.prepare(model)
+        start = 0
+        found = state.checkpoints(out_dir)
+        if found:
+            start = state.restore(found[-1][1], model, model.optimizer)
+            print(f"Resuming {recipe.name} from step {start} ({found[-1][1]}).")
 
     interval = math.gcd(min(recipe.log_every, recipe.steps), recipe.steps)
     k = recipe.accumulation_steps
     result = Result(out_dir=out_dir, start_step=start, step=start, model=model)
-    train = data_lib.pipeline(recipe, tokenizer, train_docs, labels, training=True, skip=start * k)
+    train = cluster.distribute(data_lib.pipeline(recipe, tokenizer, train_docs, labels, training=True, skip=start * k))
     valid, valid_steps = None, None
     if valid_docs is not None:
-        valid = data_lib.pipeline(recipe, tokenizer, valid_docs, labels, training=False).take(validation_batches)
+        valid = data_lib.pipeline(recipe, tokenizer, valid_docs, labels, training=False)
+        if cluster.kind:  # every replica needs an equal slice: whole batches only
+            valid = valid.unbatch().batch(recipe.batch_size, drop_remainder=True)
+        valid = valid.take(validation_batches)
         # fit keeps one validation iterator for the whole run: a known count over a repeated set
         # evaluates the same batches every interval, and never "runs out of data".
         valid_steps = int(valid.reduce(0, lambda count, _: count + 1))
         if not valid_steps:
             raise ValueError(f"validation_every={validation_every} holds out too little text for one batch of "
                              f"{recipe.batch_size}; lower --validation-every or the batch size.")
-        valid = valid.repeat()
-    tracker = _Intervals(recipe, out_dir, interval, result)
+        valid = cluster.distribute(valid.repeat())
+    with cluster.writable(out_dir) as write_dir:  # out_dir on the chief, a scratch folder elsewhere
+        final = _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps, interval, start,
+                       callbacks, verbose)
+    if hf_out and cluster.chief:
+        zoo.hub.save(model, hf_out, tokenizer=tokenizer, overwrite=True, labels=labels)
+    print(f"{recipe.name}: steps {start} -> {result.step}; {result.tokens_per_second:,.0f} tokens/s; "
+          f"peak memory {result.peak_bytes / 2**20:,.0f} MiB (allocator), {result.max_rss_bytes / 2**20:,.0f} MiB RSS; "
+          + (f"model saved to {final}" if cluster.chief else "a worker: the chief saves the model"))
+    return result
+
+
+def _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps, interval, start, callbacks,
+           verbose):
+    """`fit` from `start` to the recipe's last step, then the final model.keras; returns its path."""
+    k = recipe.accumulation_steps
+    tracker = _Intervals(recipe, write_dir, interval, result)
     device = _device()
     tf.config.experimental.reset_memory_stats(device)
     if start < recipe.steps:
-        model.fit(
-            train, epochs=recipe.steps // interval, initial_epoch=start // interval, steps_per_epoch=interval * k,
-            validation_data=valid, validation_steps=valid_steps, callbacks=[tracker, *callbacks], verbose=verbose,
-            shuffle=False,  # the pipeline shuffles, seeded; fit's own shuffle only warns for a dataset
-        )
+        try:
+            with cluster.scope():
+                model.fit(
+                    train, epochs=recipe.steps // interval, initial_epoch=start // interval,
+                    steps_per_epoch=interval * k, validation_data=valid, validation_steps=valid_steps,
+                    callbacks=[tracker, *callbacks], verbose=verbose,
+                    shuffle=False,  # the pipeline shuffles, seeded; fit's own shuffle only warns for a dataset
+                )
+        except distribute.PEER_ERRORS as error:
+            if cluster.kind != "multi-worker":
+                raise
+            raise distribute.WorkerLost(_lost_message(error, result.out_dir)) from None
         if tracker.started is not None:
             result.tokens_per_second = tracker.tokens_per_second()
     result.peak_bytes = tf.config.experimental.get_memory_info(device)["peak"]
     result.max_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-    final = os.path.join(out_dir, MODEL_FILE)
-    tmp = os.path.join(out_dir, f"model.tmp-{os.getpid()}.keras")
+    final = os.path.join(write_dir, MODEL_FILE)
+    tmp = os.path.join(write_dir, f"model.tmp-{os.getpid()}.keras")
     model.save(tmp)
     os.replace(tmp, final)
-    if hf_out:
-        zoo.hub.save(model, hf_out, tokenizer=tokenizer, overwrite=True, labels=labels)
-    print(f"{recipe.name}: steps {start} -> {result.step}; {result.tokens_per_second:,.0f} tokens/s; "
-          f"peak memory {result.peak_bytes / 2**20:,.0f} MiB (allocator), {result.max_rss_bytes / 2**20:,.0f} MiB RSS; "
-          f"model saved to {final}")
-    return result
+    return os.path.join(result.out_dir, MODEL_FILE)
+
+
+def _lost_message(error, out_dir):
+    found = state.checkpoints(out_dir)
+    last = f"step {found[-1][0]}" if found else "the start: no checkpoint was written yet"
+    detail = (str(error).strip().splitlines() or [""])[0]
+    return (f"Multi-worker training stopped: another worker died or became unreachable "
+            f"({type(error).__name__}: {detail}). Every process of the run stops. Start the same command again on "
+            f"every host to resume from the last checkpoint in {out_dir!r} ({last}).")

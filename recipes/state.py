@@ -100,7 +100,9 @@ def discard_partial(out_dir):
 
 
 def _arrays(variables):
-    return {f"{i:05d}": np.asarray(v.value) for i, v in enumerate(variables)}
+    # .numpy(): np.asarray(v.value) fails on a MultiWorkerMirroredStrategy copy of the optimizer's step counter
+    # (int64, aggregation "only_first_replica": "object __array__ method not producing an array").
+    return {f"{i:05d}": np.asarray(v.numpy()) for i, v in enumerate(variables)}
 
 
 def save(out_dir, step, model, optimizer, keep=2):

@@ -4,9 +4,40 @@ Recomputation runs a block's forward pass twice. Keras' `Dropout` draws from a
 stateful generator, so the second pass would draw new masks and the gradients
 would be silently wrong. A stateless draw from a seed fixed before the first
 pass gives the same mask both times.
+
+Data parallelism splits the batch: under `tf.distribute` replica r holds rows
+[r*b, (r+1)*b) of the global batch and draws the same seed as every other replica.
+Philox is counter-based, so replica r skips the r*size(x) numbers the replicas
+before it use: every replica's mask is its rows of the mask one device would
+draw for the whole batch, and training on N replicas equals training on one.
 """
 
 import tensorflow as tf
+from tensorflow.python.ops import gen_stateless_random_ops_v2 as stateless_v2
+
+_AUTO_SELECT = 3  # tf.random's default algorithm (Philox on CPU and GPU): 4 float32 per counter step
+
+
+def _replica_offset(x):
+    """How many numbers of the global draw come before this replica's (0 on one device)."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return None
+    replica = tf.cast(context.replica_id_in_sync_group, tf.int64)
+    return replica * tf.size(x, out_type=tf.int64)
+
+
+def _uniform(x, seed, offset):
+    """Uniform [0, 1) floats shaped like `x`: numbers [offset, offset + size(x)) of `seed`'s stream."""
+    if offset is None:
+        return tf.random.stateless_uniform(tf.shape(x), seed=seed)
+    key, counter = stateless_v2.stateless_random_get_key_counter(seed)
+    lead = offset % 4  # a counter step yields 4 numbers: draw from the step's start, drop the lead
+    counter = counter + tf.stack([tf.cast(offset // 4, tf.uint64), tf.constant(0, tf.uint64)])
+    flat = stateless_v2.stateless_random_uniform_v2(
+        tf.reshape(tf.size(x, out_type=tf.int64) + lead, [1]), key=key, counter=counter, alg=_AUTO_SELECT,
+        dtype=tf.float32)
+    return tf.reshape(flat[lead:], tf.shape(x))
 
 
 def stateless_dropout(x, rate, seed, site=0):
@@ -14,5 +45,5 @@ def stateless_dropout(x, rate, seed, site=0):
     if not rate or seed is None:
         return x
     seed = tf.random.experimental.stateless_fold_in(seed, site)
-    keep = tf.random.stateless_uniform(tf.shape(x), seed=seed) >= rate
+    keep = _uniform(x, seed, _replica_offset(x)) >= rate
     return tf.where(keep, x / tf.cast(1.0 - rate, x.dtype), tf.zeros_like(x))
