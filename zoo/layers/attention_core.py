@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from zoo.layers.dropout import replica_uniform
+
 CORES = ("chunked", "plain")
 DEFAULT_CHUNK = 512  # a [B, H, 512, 512] float32 tile: 1 MiB per batch row and head
 _MASKED = -1e9  # a masked score; exp(_MASKED - m) is exactly 0 whenever a row has a real score
@@ -76,8 +78,9 @@ def _tile_seed(seed, i, j):
 
 
 def _tile_keep(seed, i, j, shape, rate):
-    """The dropout keep-mask of tile (i, j), [B, H, query chunk, key chunk]."""
-    return tf.random.stateless_uniform(shape, seed=_tile_seed(seed, i, j)) >= rate
+    """The dropout keep-mask of tile (i, j), [B, H, query chunk, key chunk] (under
+    tf.distribute, this replica's rows of the whole batch's mask)."""
+    return replica_uniform(shape, _tile_seed(seed, i, j)) >= rate
 
 
 def _allowed(key_mask, causal, query_positions, key_positions):

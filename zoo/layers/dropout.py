@@ -18,26 +18,27 @@ from tensorflow.python.ops import gen_stateless_random_ops_v2 as stateless_v2
 _AUTO_SELECT = 3  # tf.random's default algorithm (Philox on CPU and GPU): 4 float32 per counter step
 
 
-def _replica_offset(x):
-    """How many numbers of the global draw come before this replica's (0 on one device)."""
+def _replica_offset(size):
+    """How many numbers of the global draw come before this replica's (None on one device)."""
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
         return None
-    replica = tf.cast(context.replica_id_in_sync_group, tf.int64)
-    return replica * tf.size(x, out_type=tf.int64)
+    return tf.cast(context.replica_id_in_sync_group, tf.int64) * size
 
 
-def _uniform(x, seed, offset):
-    """Uniform [0, 1) floats shaped like `x`: numbers [offset, offset + size(x)) of `seed`'s stream."""
+def replica_uniform(shape, seed):
+    """Uniform [0, 1) floats of `shape` (batch first): this replica's rows of the draw
+    one device would make for the whole batch."""
+    size = tf.reduce_prod(tf.cast(shape, tf.int64))
+    offset = _replica_offset(size)
     if offset is None:
-        return tf.random.stateless_uniform(tf.shape(x), seed=seed)
+        return tf.random.stateless_uniform(shape, seed=seed)
     key, counter = stateless_v2.stateless_random_get_key_counter(seed)
     lead = offset % 4  # a counter step yields 4 numbers: draw from the step's start, drop the lead
     counter = counter + tf.stack([tf.cast(offset // 4, tf.uint64), tf.constant(0, tf.uint64)])
     flat = stateless_v2.stateless_random_uniform_v2(
-        tf.reshape(tf.size(x, out_type=tf.int64) + lead, [1]), key=key, counter=counter, alg=_AUTO_SELECT,
-        dtype=tf.float32)
-    return tf.reshape(flat[lead:], tf.shape(x))
+        tf.reshape(size + lead, [1]), key=key, counter=counter, alg=_AUTO_SELECT, dtype=tf.float32)
+    return tf.reshape(flat[lead:], shape)
 
 
 def stateless_dropout(x, rate, seed, site=0):
@@ -45,5 +46,5 @@ def stateless_dropout(x, rate, seed, site=0):
     if not rate or seed is None:
         return x
     seed = tf.random.experimental.stateless_fold_in(seed, site)
-    keep = _uniform(x, seed, _replica_offset(x)) >= rate
+    keep = replica_uniform(tf.shape(x), seed) >= rate
     return tf.where(keep, x / tf.cast(1.0 - rate, x.dtype), tf.zeros_like(x))
