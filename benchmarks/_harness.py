@@ -29,8 +29,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from tools.assets import fetch
 
 __all__ = [
-    "GiB", "ChildRun", "PeakMemory", "child_main", "fetch", "peak_rss_gib", "print_metrics", "run_child",
-    "training_flags", "zoo_cli",
+    "GiB", "ChildRun", "PeakMemory", "available_bytes", "child_main", "fetch", "peak_rss_gib", "print_metrics",
+    "run_child", "run_if_it_fits", "training_flags", "zoo_cli",
 ]
 
 GiB = 2**30
@@ -120,6 +120,24 @@ def run_child(variant: dict, budget_bytes=None, timeout=None, env=None) -> Child
     status = seen["stop"] or ("error" if proc.returncode or not lines else "ok")
     return ChildRun(status, result=json.loads(lines[-1]) if status == "ok" else {}, stderr=err[-STDERR_CHARS:],
                     peak_rss_bytes=seen["peak"])
+
+
+def available_bytes() -> int:
+    """The memory the kernel says is available now (MemAvailable)."""
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    return info["MemAvailable"]
+
+
+def run_if_it_fits(variant: dict, estimate_bytes: int, budget_bytes: int, timeout=None) -> dict:
+    """`run_child(variant)` if the planner's estimate fits the budget (the guard still
+    watches RSS), else a row saying it was skipped; either way a dict with `status`
+    ("ok", "skipped: ...", "killed by guard: ...", ...) and, when run, `guard_rss_gib`."""
+    if estimate_bytes > budget_bytes:
+        return {"status": f"skipped: estimate {estimate_bytes / GiB:.1f} GiB > budget {budget_bytes / GiB:.1f} GiB"}
+    run = run_child(variant, budget_bytes=budget_bytes, timeout=timeout)
+    return {**run.result, "status": "ok" if run.ok else f"{run.status}: {run.error}",
+            "guard_rss_gib": run.peak_rss_bytes / GiB}
 
 
 def child_main(measure) -> bool:

@@ -19,7 +19,6 @@ import json
 import _harness
 from _harness import GiB
 from memory import measure
-from one_billion import available_bytes
 
 
 def main():
@@ -38,7 +37,7 @@ def main():
     import zoo
     from zoo import memory
 
-    budget = available_bytes() - int(a.margin_gib * GiB)
+    budget = _harness.available_bytes() - int(a.margin_gib * GiB)
     print(f"memory budget {budget / GiB:.1f} GiB; batch {a.batch}; {a.precision}", flush=True)
     print(f"{'model':9s} {'seq':>6s} {'core':8s} {'policy':10s} {'est GiB':>8s} {'step GiB':>9s} {'RSS GiB':>8s} "
           f"{'step s':>8s} {'tok/s':>7s}  status", flush=True)
@@ -54,15 +53,9 @@ def main():
                         spec = spec.replace(max_sequence_length=seq)
                     est = memory.estimate(spec, a.batch, seq, a.precision, policy, attention=core).total
                     row = {**variant, "estimate_gib": est / GiB}
-                    if est > budget:
-                        row["status"] = f"skipped: estimate {est / GiB:.1f} GiB > budget {budget / GiB:.1f} GiB"
-                    else:
-                        run = _harness.run_child({**variant, "steps": a.steps}, budget_bytes=budget,
-                                                 timeout=a.timeout)
-                        row.update(run.result, status=run.status if run.ok else f"{run.status}: {run.error}")
-                        row.setdefault("peak_rss_gib", run.peak_rss_bytes / GiB)
+                    row.update(_harness.run_if_it_fits({**variant, "steps": a.steps}, est, budget, a.timeout))
                     rows.append(row)
-                    cells = (f"{row['step_mem_gib']:9.2f} {row['peak_rss_gib']:8.2f} {row['step_s']:8.1f} "
+                    cells = (f"{row['step_mem_gib']:9.2f} {row['guard_rss_gib']:8.2f} {row['step_s']:8.1f} "
                              f"{row['tokens_per_s']:7.0f}" if "step_s" in row else f"{'-':>9s} {'-':>8s} "
                              f"{'-':>8s} {'-':>7s}")
                     print(f"{model:9s} {seq:6d} {core:8s} {policy:10s} {est / GiB:8.2f} {cells}  {row['status']}",

@@ -19,12 +19,6 @@ import _harness
 from _harness import GiB
 
 
-def available_bytes() -> int:
-    with open("/proc/meminfo") as f:
-        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-    return info["MemAvailable"]
-
-
 def measure(model, policy, precision, batch, seq, steps):
     """One variant, in this (child) process."""
     import time
@@ -58,7 +52,7 @@ def main():
 
     from zoo import memory
 
-    budget = available_bytes() - int(a.margin_gib * GiB)
+    budget = _harness.available_bytes() - int(a.margin_gib * GiB)
     seq = a.sequence_length
     print(f"memory budget {budget / GiB:.1f} GiB (available at start less {a.margin_gib} GiB); sequence {seq}; "
           f"{a.precision}", flush=True)
@@ -75,22 +69,14 @@ def main():
                 predicted = est + (overhead or 0)
                 row = {"model": model, "policy": policy, "batch": batch, "seq": seq, "precision": a.precision,
                        "estimate_gib": est / GiB}
-                if predicted > budget:
-                    row.update(status=f"skipped: estimate {predicted / GiB:.1f} GiB > budget {budget / GiB:.1f} GiB")
-                else:
-                    run = _harness.run_child({"model": model, "policy": policy, "precision": a.precision,
-                                              "batch": batch, "seq": seq, "steps": a.steps}, budget_bytes=budget)
-                    row["status"] = run.status
-                    if run.status == "error":
-                        row["error"] = run.error
-                    else:
-                        row.update(guard_rss_gib=run.peak_rss_bytes / GiB, **run.result)
+                variant = {"model": model, "policy": policy, "precision": a.precision, "batch": batch, "seq": seq,
+                           "steps": a.steps}
+                row.update(_harness.run_if_it_fits(variant, predicted, budget))
                 rows.append(row)
                 ok = row["status"] == "ok"
                 cells = (f"{row['guard_rss_gib']:8.2f} {row['alloc_peak_gib']:9.2f} {row['step_s']:7.1f} "
                          f"{batch * seq / row['step_s']:6.0f}") if ok else f"{'-':>8s} {'-':>9s} {'-':>7s} {'-':>6s}"
-                print(f"{model:7s} {policy:6s} {batch:5d} {est / GiB:8.2f} {cells}  {row['status']}"
-                      + (f" {row.get('error', '')}" if row["status"] == "error" else ""), flush=True)
+                print(f"{model:7s} {policy:6s} {batch:5d} {est / GiB:8.2f} {cells}  {row['status']}", flush=True)
                 if not ok:
                     break
                 largest = batch
