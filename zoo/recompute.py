@@ -14,7 +14,9 @@ Policies:
   "none"       keep every activation for the backward pass.
   "full"       keep only each block's input; recompute the whole block.
   "selective"  recompute only the attention core (QKᵀ, softmax, dropout, ·V),
-               the s²-sized part of a block's activations.
+               the s²-sized part of a block's activations. The chunked core (the
+               default, zoo/layers/attention_core.py) never keeps that part in the
+               first place, so under it "selective" runs the same graph as "none".
 """
 
 import tensorflow as tf
