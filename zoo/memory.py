@@ -22,7 +22,7 @@ It is an estimate, meant to rank choices and to refuse a run that cannot fit;
 
 from dataclasses import asdict, dataclass
 
-from zoo.layers.attention_core import CORES, DEFAULT_CHUNK
+from zoo.layers.attention_core import DEFAULT_CHUNK, check_core
 from zoo.recompute import resolve
 from zoo.registry import ModelSpec
 from zoo.registry import spec as lookup
@@ -84,8 +84,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
     weight_bytes = 2 if precision in ("bfloat16", "float16") else 4
     optimizer_slots = {"adam": 2, "adamw": 2, "sgd": 0}[optimizer.lower()]
 
-    if attention not in CORES:
-        raise ValueError(f"Unknown attention core {attention!r}; known cores: {', '.join(CORES)}.")
+    check_core(attention)
     b, seq, h, a = batch_size, sequence_length, s.hidden_dim, s.num_heads
     scale = _activation_bytes(precision) / 2  # the formula counts 16-bit activations
     per_layer_no_core = seq * b * h * 34 * scale

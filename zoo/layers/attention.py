@@ -10,7 +10,7 @@ like the checkpointing policy: they change memory and speed, never the weights.
 import keras
 from keras import ops
 
-from zoo.layers.attention_core import CORES, attention, check_chunk_size
+from zoo.layers.attention_core import attention, check_chunk_size, check_core
 from zoo.layers.initializers import init
 from zoo.recompute import recompute
 
@@ -101,8 +101,7 @@ class Attention(keras.layers.Layer):
         return self.output_dense(out), cache
 
     def set_core(self, core="chunked", chunk_size=None):
-        if core not in CORES:
-            raise ValueError(f"Unknown attention core {core!r}; known cores: {', '.join(CORES)}.")
+        check_core(core)
         check_chunk_size(chunk_size)
         self.core, self.chunk_size = core, chunk_size
 

@@ -46,6 +46,11 @@ def chunk_sizes(query_length, key_length, chunk_size=None):
     return query_chunk, key_chunk, _ceil_div(query_length, query_chunk), _ceil_div(key_length, key_chunk)
 
 
+def check_core(core):
+    if core not in CORES:
+        raise ValueError(f"Unknown attention core {core!r}; known cores: {', '.join(CORES)}.")
+
+
 def check_chunk_size(chunk_size, key_length=None):
     """A chunk is a positive number of positions, at most the keys' length where that is known."""
     if chunk_size is None:
@@ -294,7 +299,6 @@ def chunked_attention(query, key, value, key_mask=None, causal=False, query_offs
                       chunk_size=None):
     """The memory-efficient core: O(s·chunk) working memory; saves Q, K, V, output and lse."""
     query, key, value = (tf.convert_to_tensor(x) for x in (query, key, value))
-    chunk_sizes(_length(query, 1), _length(key, 1), chunk_size)  # bad chunk sizes fail here, not in a loop
 
     @tf.custom_gradient
     def core(q, k, v):
@@ -314,8 +318,5 @@ def chunked_attention(query, key, value, key_mask=None, causal=False, query_offs
 
 def attention(query, key, value, core="chunked", **kwargs):
     """Dispatch to one of `CORES`; the keyword arguments are the cores' own."""
-    if core == "chunked":
-        return chunked_attention(query, key, value, **kwargs)
-    if core == "plain":
-        return plain_attention(query, key, value, **kwargs)
-    raise ValueError(f"Unknown attention core {core!r}; known cores: {', '.join(CORES)}.")
+    check_core(core)
+    return (chunked_attention if core == "chunked" else plain_attention)(query, key, value, **kwargs)
