@@ -10,6 +10,8 @@ import math
 import sys
 from pathlib import Path
 
+from zoo.optimizer_state import OPTIMIZERS
+
 
 def _override(text):
     key, sep, value = text.partition("=")
@@ -41,6 +43,9 @@ def register(subparsers):
                        ("learning-rate", float), ("warmup-steps", int), ("log-every", int),
                        ("checkpoint-every", int), ("vocabulary", str), ("precision", str), ("checkpointing", str)):
         p.add_argument(f"--{flag}", type=kind, help=f"recipe field {flag.replace('-', '_')}")
+    p.add_argument("--optimizer", choices=OPTIMIZERS,
+                   help="recipe field optimizer (default: the recipe's, adamw); lion and adafactor keep half "
+                   "AdamW's state (README: Optimizers)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="model spec override, repeatable (e.g. --override num_layers=2)")
     p.add_argument("--strategy", choices=("mirrored", "multi-worker"),
@@ -59,7 +64,7 @@ def _train(args):
     if args.model is None and args.weights is None:
         raise ValueError("zoo train needs a model name (zoo list) or --weights to start from.")
     fields = ("batch_size", "sequence_length", "accumulation_steps", "learning_rate", "warmup_steps", "log_every",
-              "checkpoint_every", "vocabulary", "precision", "checkpointing")
+              "checkpoint_every", "vocabulary", "precision", "checkpointing", "optimizer")
     changes = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
     if args.override:
         changes["model_overrides"] = dict(_override(o) for o in args.override)

@@ -36,6 +36,10 @@ Batch sizes here are per optimizer step: `batch_size` sequences per micro-batch,
 a single small machine; the registered recipes keep their token count per update
 where it is small enough and say otherwise in `notes`.
 
+The optimizer defaults to AdamW, as in every reference above; `optimizer="lion"` or
+`"adafactor"` keeps less state (recipes/optim.py: bytes per parameter, and which of
+the fields below each one reads).
+
 Precision defaults to `mixed_bfloat16` (the references trained in float32 or bf16
 on TPUs/GPUs; on this stack it was the fastest policy measured, docs/design-notes.md).
 """
@@ -47,6 +51,7 @@ from dataclasses import dataclass, field
 
 import zoo
 from recipes import pretrained
+from zoo.optimizer_state import OPTIMIZERS
 from zoo.registry import Registry
 
 # A recipe trains one task head of zoo's (zoo.models.TASKS); the backbone alone is not trained.
@@ -65,13 +70,14 @@ class Recipe:
     weights: str | None = None  # a Hugging Face folder or Hub repo id to start from (recipes.pretrained)
     precision: str = "mixed_bfloat16"
     checkpointing: str = "none"  # activation recomputation policy (zoo.recompute)
-    # AdamW
+    # optimizer: `optimizer` picks it; each reads the fields below that it has (recipes/optim.py)
     learning_rate: float = 1e-4
     beta_1: float = 0.9
     beta_2: float = 0.999
     epsilon: float = 1e-6
     weight_decay: float = 0.01  # never applied to norms and biases
     clipnorm: float | None = 1.0  # global gradient norm, as BERT / TinyLlama / HF Trainer clip
+    optimizer: str = "adamw"  # zoo.optimizer_state.OPTIMIZERS: "adamw", "adafactor" or "lion"
     # schedule: linear warmup from 0, then `decay` down to min_lr_ratio * learning_rate
     warmup_steps: int = 10_000
     steps: int = 1_000_000
@@ -103,6 +109,8 @@ class Recipe:
         check(self.task in TASKS, f"Unknown task {self.task!r}; known tasks: {', '.join(TASKS)}.")
         check(self.precision in zoo.PRECISIONS,
               f"Unknown precision {self.precision!r}; known: {', '.join(zoo.PRECISIONS)}.")
+        check(self.optimizer in OPTIMIZERS,
+              f"Unknown optimizer {self.optimizer!r}; known optimizers: {', '.join(OPTIMIZERS)}.")
         check(self.decay in DECAYS, f"Unknown decay {self.decay!r}; known: {', '.join(DECAYS)}.")
         check(self.checkpointing in zoo.POLICIES,
               f"Unknown checkpointing policy {self.checkpointing!r}; known: {', '.join(zoo.POLICIES)}.")

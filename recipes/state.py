@@ -45,6 +45,8 @@ def read_run(out_dir):
     for record in (run, run.get("recipe", {})):
         if "task" in record:
             record["task"] = LEGACY_TASKS.get(record["task"], record["task"])
+    if "recipe" in run:
+        run["recipe"].setdefault("optimizer", "adamw")  # runs from before Recipe.optimizer trained AdamW
     return run
 
 
