@@ -7,6 +7,10 @@ created before TensorFlow runs anything, so each scenario runs in a fresh proces
         two logical CPU devices; per scenario, 3 optimizer steps of `fit` on one device
         and under MirroredStrategy(2), from the same seed on the same global batches;
         writes how far apart the weights end.
+    python -m tests.recipes.distribute_child optimizers OUT.json
+        two logical CPU devices; per recipe optimizer, with and without accumulation, 2 updates
+        with different gradients on each replica under MirroredStrategy(2) and their sum on one
+        device; writes how far apart the weights end (and how far plain Keras' Lion ends).
     python -m tests.recipes.distribute_child cli PAUSE_AFTER_STEP train ...
         `zoo train ...` (TF_CONFIG from the environment); past optimizer step PAUSE_AFTER_STEP
         (0: never) every batch sleeps, so that a test can kill a worker mid-run.
@@ -81,6 +85,65 @@ def mirrored(out):
         json.dump(report, f)
 
 
+def optimizers(out):
+    """A kernel (3, 4) and a bias (4,), gradients of global norm ~4 on each replica: the recipe's
+    global clip at 1.0 binds, so clipping each replica's gradient before summing would show."""
+    split_cpu(2)
+    import json
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import recipes
+    from recipes import optim
+    from zoo.optimizer_state import OPTIMIZERS
+
+    rng = np.random.default_rng(0)
+    start = [rng.normal(size=(3, 4)).astype("float32"), rng.normal(size=(4,)).astype("float32")]
+    # grads[micro-batch][replica] = (kernel gradient, bias gradient)
+    grads = [[[(rng.normal(size=s) * 2).astype("float32") for s in ((3, 4), (4,))] for _ in range(2)]
+             for _ in range(4)]
+
+    def train(strategy, make, k):
+        with strategy.scope():
+            variables = [tf.Variable(w) for w in start]
+            opt = make(k)
+            opt.exclude_from_weight_decay(var_list=[variables[1]])  # the bias, as recipes exclude it
+            opt.build(variables)  # as Keras' trainer does, outside the step function
+
+            @tf.function
+            def step(g):
+                strategy.run(lambda g: opt.apply(g, variables), args=(g,))
+
+            for micro in grads[:2 * k]:
+                if strategy.num_replicas_in_sync == 1:
+                    step([micro[0][i] + micro[1][i] for i in range(2)])
+                else:
+                    step(strategy.experimental_distribute_values_from_function(
+                        lambda ctx, micro=micro: micro[ctx.replica_id_in_sync_group]))
+        return [np.asarray(v.numpy(), "float64") for v in variables]
+
+    def rel(a, b):
+        return max(float(np.max(np.abs(x - y)) / np.max(np.abs(x))) for x, y in zip(a, b))
+
+    one, two = tf.distribute.OneDeviceStrategy("CPU:0"), tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
+    report = {"replicas": two.num_replicas_in_sync}
+    for name in OPTIMIZERS:
+        def make(k, name=name):
+            recipe = recipes.get("dec-base", optimizer=name, learning_rate=1e-2, warmup_steps=0, steps=10,
+                                 accumulation_steps=k, clipnorm=1.0, weight_decay=0.1)
+            return optim.optimizer(recipe, keras.Sequential([keras.Input((1,))]))
+        for k in (1, 2):
+            a = train(one, make, k)
+            report[f"{name}-k{k}"] = {"rel": rel(a, train(two, make, k)), "moved": rel(start, a)}
+    plain = {"learning_rate": 1e-2, "global_clipnorm": 1.0}
+    report["plain-keras-lion"] = rel(train(one, lambda k: keras.optimizers.Lion(**plain), 1),
+                                     train(two, lambda k: keras.optimizers.Lion(**plain), 1))
+    with open(out, "w") as f:
+        json.dump(report, f)
+
+
 def cli(pause_after, *argv):
     """`zoo train ARGV`; from optimizer step `pause_after` on (0: never) each batch sleeps 0.5 s."""
     import time
@@ -101,4 +164,4 @@ def cli(pause_after, *argv):
 
 if __name__ == "__main__":
     mode, *args = sys.argv[1:]
-    sys.exit(mirrored(*args) if mode == "mirrored" else cli(*args))
+    sys.exit({"mirrored": mirrored, "optimizers": optimizers}.get(mode, cli)(*args))

@@ -1,0 +1,153 @@
+"""A recipe chooses its optimizer: `adamw`, `adafactor` or `lion` (recipes/optim.py).
+Each trains a shrunken recipe on real text, keeps the state `zoo.optimizer_state`
+says, and leaves norms and biases out of weight decay; an unknown name is refused
+with the known ones."""
+
+import argparse
+import json
+import math
+
+import keras
+import numpy as np
+import pytest
+
+import recipes
+import zoo
+from recipes import cli, optim
+from tests.common import TINY_DEC, tiny_recipe
+from zoo.optimizer_state import OPTIMIZERS, state_bytes
+
+KERAS_CLASS = {"adamw": keras.optimizers.AdamW, "adafactor": keras.optimizers.Adafactor,
+               "lion": keras.optimizers.Lion}
+# A 2-layer model in 30 steps: AdamW's test rate; Lion's sign steps want a smaller one (Chen et al.
+# 2023: 3-10x); Keras' Adafactor steps are relative to the weights' RMS (the paper's 1e-2 is for long runs).
+LEARNING_RATE = {"adamw": 3e-3, "adafactor": 3e-2, "lion": 1e-3}
+
+
+def test_the_three_optimizers_are_known_everywhere():
+    assert OPTIMIZERS == ("adamw", "adafactor", "lion") == optim.OPTIMIZERS
+    assert recipes.get("dec-base").optimizer == "adamw"
+
+
+def test_an_unknown_optimizer_is_refused_with_the_known_names():
+    known = "known optimizers: adamw, adafactor, lion"
+    with pytest.raises(ValueError, match=f"Unknown optimizer 'adam'; {known}"):
+        recipes.get("dec-base", optimizer="adam")
+    with pytest.raises(ValueError, match=f"Unknown optimizer 'sgd'; {known}"):
+        state_bytes("sgd", [(2, 3)])
+    parser = argparse.ArgumentParser(prog="zoo")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "dec-base", "--data", "x.txt", "--optimizer", "adam"])
+
+
+def test_the_optimizer_flag_reaches_the_recipe(capsys):
+    parser = argparse.ArgumentParser(prog="zoo")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["train", "dec-base", "--data", "x.txt", "--optimizer", "lion", "--show"])
+    assert args.func(args) == 0
+    assert json.loads(capsys.readouterr().out)["optimizer"] == "lion"
+
+
+def _tiny_model():
+    return zoo.get("dec-base", task="causal_lm", dtype="mixed_bfloat16", **TINY_DEC)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_state_bytes_is_the_sum_of_the_optimizer_variables(name):
+    """Built on a tiny decoder (rank-1 norms and biases, rank-2 kernels and embeddings),
+    with and without gradient accumulation: the rule's bytes are the variables' bytes."""
+    model = _tiny_model()
+    variables = model.trainable_variables
+    shapes = [tuple(v.shape) for v in variables]
+    params = sum(math.prod(s) for s in shapes)
+    for k in (1, 3):
+        opt = optim.optimizer(recipes.get("dec-base", optimizer=name, accumulation_steps=k), model)
+        assert isinstance(opt, optim.SumReplicaGradients) and isinstance(opt, KERAS_CLASS[name])
+        opt.build(variables)
+        state = [v for v in opt.variables if not v.path.endswith(("/iteration", "/learning_rate"))]
+        real = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in state)
+        assert state_bytes(name, shapes, accumulation_steps=k) == real
+        per_param = real / params - (4 if k > 1 else 0)
+        if name == "adamw":
+            assert per_param == 8
+        elif name == "lion":
+            assert per_param == 4
+        else:  # a full-size velocity plus the factors (Keras keeps both)
+            assert 4 < per_param < 4.2
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_weight_decay_skips_norms_and_biases(name):
+    model = _tiny_model()
+    opt = optim.optimizer(recipes.get("dec-base", optimizer=name), model)
+    assert opt.weight_decay == pytest.approx(0.1) and opt.global_clipnorm == 1.0
+    decayed = {v.path for v in model.trainable_variables if opt._use_weight_decay(v)}
+    assert decayed and all(len(v.shape) == 2 for v in model.trainable_variables if v.path in decayed)
+    assert not any(("norm" in p) or p.endswith("bias") for p in decayed)
+    assert len(decayed) == sum(len(v.shape) >= 2 for v in model.trainable_variables)
+
+
+def test_adafactor_follows_the_recipe_schedule():
+    """Keras' relative_step is off: the learning rate is the recipe's schedule (warmup from 0)."""
+    recipe = recipes.get("dec-base", optimizer="adafactor", warmup_steps=10, steps=100, learning_rate=1e-2)
+    opt = optim.optimizer(recipe, _tiny_model())
+    assert opt.relative_step is False and isinstance(opt._learning_rate, optim.WarmupDecay)
+    assert float(opt.learning_rate) == 0.0  # warmup starts from 0, unlike Keras' relative step
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_each_optimizer_trains_on_real_text(name, tmp_path, recipes_news, recipes_vocab):
+    """30 updates of the shrunken dec-base recipe (its betas, weight decay, clipping and
+    mixed_bfloat16 kept) on the news corpus: the last 10 steps' loss is clearly below the first 10's."""
+    recipe = tiny_recipe("dec-base", steps=30, optimizer=name, learning_rate=LEARNING_RATE[name],
+                         vocabulary=recipes_vocab["llama"], checkpoint_every=30)
+    result = recipes.run(recipe, recipes_news, str(tmp_path), column="text", verbose=0)
+    losses = [row["loss"] for row in result.history]
+    assert [row["step"] for row in result.history] == [10, 20, 30]
+    assert all(math.isfinite(x) for x in losses)
+    assert losses[-1] < losses[0] - 0.2, losses
+    assert type(result.model.optimizer).__name__ == {"adamw": "AdamW", "adafactor": "Adafactor", "lion": "Lion"}[name]
+    saved = json.loads((tmp_path / "run.json").read_text())
+    assert saved["recipe"]["optimizer"] == name
+
+
+def test_a_run_from_before_the_optimizer_field_resumes_as_adamw(tmp_path):
+    """run.json written before `Recipe.optimizer` existed: its run was AdamW, so today's
+    AdamW recipe resumes it and a Lion recipe is refused as a different recipe."""
+    from recipes import state
+
+    recipe = recipes.get("dec-base")
+    meta = {"model": "dec-base", "task": recipe.task, "spec": recipe.spec.to_dict(), "recipe": recipe.to_dict()}
+    old = {**meta, "recipe": {k: v for k, v in meta["recipe"].items() if k != "optimizer"}}
+    (tmp_path / state.RUN_FILE).write_text(json.dumps(old))
+    assert state.read_run(str(tmp_path))["recipe"]["optimizer"] == "adamw"
+    state.check_compatible(str(tmp_path), meta)
+    lion = {**meta, "recipe": recipe.replace(optimizer="lion").to_dict()}
+    with pytest.raises(ValueError, match=r"fields \['optimizer'\] differ"):
+        state.check_compatible(str(tmp_path), lion)
+
+
+@pytest.mark.timeout(300)
+def test_each_optimizer_under_mirrored_strategy_equals_one_device(tmp_path):
+    """Two replicas with different gradients (global norm ~4, clipped at 1.0) update as one
+    device applying their sum, with and without accumulation (keras #20582: plain Keras
+    fails there): `SumReplicaGradients` sums before the clip. Plain Keras' Lion clips each
+    replica's gradient first and ends elsewhere."""
+    import subprocess
+    import sys
+
+    from tests.common import REPO
+    from tests.recipes.test_distribute import child_env
+
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "tests.recipes.distribute_child", "optimizers", str(out)],
+                          capture_output=True, text=True, timeout=240, env=child_env(), cwd=REPO)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["replicas"] == 2
+    for name in OPTIMIZERS:
+        for k in (1, 2):
+            got = report[f"{name}-k{k}"]
+            assert got["moved"] > 1e-3 and got["rel"] < 1e-6, (name, k, got)
+    assert report["plain-keras-lion"] > 1e-3
