@@ -48,7 +48,16 @@ class MemoryEstimate:
     optimizer: the optimizer's slots (exact per variable shape for adafactor).
     activations: what the forward pass keeps for the backward, and one block's working set.
     logits: float32 logits, their softmax and their gradient (one chunk of them when chunked).
-    overhead: what TensorFlow holds beyond those tensors (see `_overhead`).
+    saved_extra: the tensors TensorFlow keeps for the backward beyond the formula's (`SAVED_EXTRA`).
+    head_gradient: the largest variable's gradient (the token embedding's, or the untied head's),
+        made at the very start of the backward pass, while every activation is still alive.
+    update: the optimizer update's temporaries (`_update_bytes`).
+    fused: the update runs inside the backward pass (so its phases overlap).
+
+    `total` is the peak of a step's two phases, on top of weights and optimizer state:
+    the start of the backward pass (activations + saved_extra + logits + head_gradient)
+    or the update (all gradients + the update's temporaries), whichever is larger. With
+    `fused` the update happens during the backward pass, so the two are added.
     """
 
     weights: int
@@ -56,14 +65,28 @@ class MemoryEstimate:
     optimizer: int
     activations: int
     logits: int
-    overhead: int = 0
+    saved_extra: int = 0
+    head_gradient: int = 0
+    update: int = 0
+    fused: bool = False
+
+    @property
+    def backward_peak(self) -> int:
+        return self.activations + self.saved_extra + self.logits + self.head_gradient
+
+    @property
+    def update_peak(self) -> int:
+        return self.gradients + self.update
 
     @property
     def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.logits + self.overhead
+        steps = self.backward_peak + self.update_peak if self.fused else max(self.backward_peak, self.update_peak)
+        return self.weights + self.optimizer + steps
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "total": self.total}
+        out = asdict(self)
+        del out["fused"]
+        return {**out, "total": self.total}
 
     def table(self) -> str:
         rows = [(k, v) for k, v in self.as_dict().items()]
@@ -161,8 +184,26 @@ def loss_live_bytes(batch: int, sequence_length: int, vocab_size: int, chunk_siz
 
 
 # TensorFlow's own overhead ------------------------------------------------------
-def _overhead(s, shapes, b, seq, precision, policy, fused, optimizer, vbytes) -> int:
-    return 0
+# Bytes per s·b·h element per layer that TensorFlow keeps for the backward pass beyond the
+# formula's, measured with benchmarks/planner.py (none rows, chunked core): float32 copies made by
+# the norms, GELU/SwiGLU, rotary positions and dropout that the 16-bit-activation formula does not
+# count. By (family, float32 activations?).
+SAVED_EXTRA = {("bert", True): 95, ("bert", False): 86, ("llama", True): 58, ("llama", False): 26}
+
+
+def _saved_extra(s, b, seq, precision, policy) -> int:
+    """Per layer kept (none, selective), or one block's while it is recomputed (full)."""
+    per_layer = SAVED_EXTRA[s.family, precision == "float32"] * seq * b * s.hidden_dim
+    return per_layer * (1 if policy == "full" else s.num_layers)
+
+
+def _update_bytes(shapes, vbytes, optimizer) -> int:
+    """The optimizer update's temporaries: with global clipping each gradient is replaced by
+    its scaled copy, and the update computes each slot's new value before assigning it; TF's
+    executor frees each as soon as it is used, so what is alive at once is about two tensors
+    of the largest variable (the token embedding). SGD keeps only the scaled copy."""
+    largest = max(_numel(shape) for shape in shapes) * vbytes
+    return largest * (1 if optimizer.lower() == "sgd" else 2)
 
 def split_config(checkpointing, fused=False) -> tuple:
     """(policy, fused) from a checkpointing policy or a `CONFIGS` name ("full+fused")."""
@@ -248,7 +289,10 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
         optimizer=optimizer_state_bytes(optimizer, shapes, vbytes),
         activations=int(activations),
         logits=int(logits),
-        overhead=_overhead(s, shapes, b, seq, precision, policy, fused, optimizer, vbytes),
+        saved_extra=int(_saved_extra(s, b, seq, precision, policy)),
+        head_gradient=max(_numel(shape) for shape in shapes) * vbytes,
+        update=_update_bytes(shapes, vbytes, optimizer),
+        fused=fused,
     )
 
 
@@ -310,12 +354,13 @@ def choose(spec, batch_size: int, sequence_length: int, budget_bytes: int | None
         if e.total <= budget:
             return config, e
     smallest = min(estimates, key=lambda c: estimates[c].total)
+    lighter = ", a lighter optimizer (lion)" if optimizer.lower() in ("adam", "adamw", "adafactor") else ""
+    half = ", precision='mixed_bfloat16'" if precision == "float32" else ""
     name = spec if isinstance(spec, str) else "the model"
     raise ValueError(
         f"No configuration of {name} fits a budget of {budget / GiB:.2f} GiB at batch {batch_size} x sequence "
         f"{sequence_length} ({precision}, {optimizer}): the smallest estimate is {estimates[smallest].total / GiB:.2f} "
-        f"GiB ({smallest}). Use a smaller batch or sequence, a lighter optimizer (lion), "
-        "mixed_bfloat16, or a larger budget.")
+        f"GiB ({smallest}). Use a smaller batch or sequence{lighter}{half}, or a larger budget.")
 
 
 def default_budget() -> int:

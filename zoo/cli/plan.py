@@ -3,7 +3,9 @@
 
 from zoo.memory import CONFIGS, GiB, choose, default_budget, estimate, largest_batch, parse_bytes
 
-COLUMNS = ("weights", "gradients", "optimizer", "activations", "logits", "overhead", "total")
+# The estimate's components in `MemoryEstimate.as_dict()` order; total = weights + optimizer + the larger of
+# the backward's start (activ. + extra + logits + head grad) and the update (grads + update), or both if fused.
+COLUMNS = ("weights", "grads", "optimizer", "activ.", "logits", "extra", "head grad", "update", "total")
 
 
 def _plan(args):
@@ -12,13 +14,14 @@ def _plan(args):
     options = {"precision": args.precision, "task": args.task, "optimizer": args.optimizer}
     print(f"{args.model}: batch {args.batch_size} x sequence {args.sequence_length}, {args.precision}, "
           f"{args.optimizer}; budget {budget / GiB:.2f} GiB")
-    print(f"{'config':11s} " + " ".join(f"{c[:9]:>9s}" for c in COLUMNS) + f" {'max batch':>9s}")
+    print(f"{'config':11s} " + " ".join(f"{c:>9s}" for c in COLUMNS) + f" {'max batch':>9s}")
     for config in configs:
         e = estimate(args.model, args.batch_size, args.sequence_length, checkpointing=config, **options)
         cells = " ".join(f"{v / GiB:8.2f}G" for v in e.as_dict().values())
         most = largest_batch(args.model, args.sequence_length, budget, checkpointing=config, **options)
         print(f"{config:11s} {cells} {most:9d}")
     choice, e = choose(args.model, args.batch_size, args.sequence_length, budget, configs=configs, **options)
+    print("total = weights + optimizer + max(activ. + extra + logits + head grad, grads + update); fused: both")
     print(f"auto: {choice} ({e.total / GiB:.2f} GiB of {budget / GiB:.2f} GiB)")
     return 0
 
