@@ -52,12 +52,16 @@ class MemoryEstimate:
     head_gradient: the largest variable's gradient (the token embedding's, or the untied head's),
         made at the very start of the backward pass, while every activation is still alive.
     update: the optimizer update's temporaries (`_update_bytes`).
+    recompute: under "full", the first block's working set when it is recomputed at the very
+        end of the backward pass, while every other gradient exists (its activations, saved
+        extras and the attention core's tiles); 0 under the other policies.
     fused: the update runs inside the backward pass (so its phases overlap).
 
     `total` is the peak of a step's two phases, on top of weights and optimizer state:
     the start of the backward pass (activations + saved_extra + logits + head_gradient)
-    or the update (all gradients + the update's temporaries), whichever is larger. With
-    `fused` the update happens during the backward pass, so the two are added.
+    or its end and the update (all gradients + the update's temporaries + recompute),
+    whichever is larger. With `fused` the update happens during the backward pass, so the
+    two are added.
     """
 
     weights: int
@@ -68,6 +72,7 @@ class MemoryEstimate:
     saved_extra: int = 0
     head_gradient: int = 0
     update: int = 0
+    recompute: int = 0
     fused: bool = False
 
     @property
@@ -76,7 +81,7 @@ class MemoryEstimate:
 
     @property
     def update_peak(self) -> int:
-        return self.gradients + self.update
+        return self.gradients + self.update + self.recompute
 
     @property
     def total(self) -> int:
@@ -292,6 +297,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
         saved_extra=int(_saved_extra(s, b, seq, precision, policy)),
         head_gradient=max(_numel(shape) for shape in shapes) * vbytes,
         update=_update_bytes(shapes, vbytes, optimizer),
+        recompute=int(per_layer_full + _saved_extra(s, b, seq, precision, "full") + working) if policy == "full" else 0,
         fused=fused,
     )
 

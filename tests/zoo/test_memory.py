@@ -64,7 +64,8 @@ def test_estimate_matches_the_hand_computed_formula(spec, policy, precision, act
     largest = max(memory._numel(x) for x in memory.variable_shapes(spec)) * 4
     assert e.head_gradient == largest and e.update == 2 * largest
     assert e.backward_peak == e.activations + e.saved_extra + e.logits + largest
-    assert e.total == e.weights + e.optimizer + max(e.backward_peak, e.gradients + e.update)
+    assert e.total == e.weights + e.optimizer + max(e.backward_peak, e.gradients + e.update + e.recompute)
+    assert (e.recompute > 0) == (policy == "full")
 
 
 # The chunked core keeps no 5·a·s² term: its float32 output (4·s·b·h) and log-sum-exp (4·a·s·b) instead,

@@ -4,8 +4,10 @@
 from zoo.memory import CONFIGS, GiB, choose, default_budget, estimate, largest_batch, parse_bytes
 
 # The estimate's components in `MemoryEstimate.as_dict()` order; total = weights + optimizer + the larger of
-# the backward's start (activ. + extra + logits + head grad) and the update (grads + update), or both if fused.
-COLUMNS = ("weights", "grads", "optimizer", "activ.", "logits", "extra", "head grad", "update", "total")
+# the backward's start (activ. + extra + logits + head grad) and its end (grads + update + recompute), or both
+# if fused.
+COLUMNS = ("weights", "grads", "optimizer", "activ.", "logits", "extra", "head grad", "update", "recompute",
+           "total")
 
 
 def _plan(args):
@@ -21,7 +23,8 @@ def _plan(args):
         most = largest_batch(args.model, args.sequence_length, budget, checkpointing=config, **options)
         print(f"{config:11s} {cells} {most:9d}")
     choice, e = choose(args.model, args.batch_size, args.sequence_length, budget, configs=configs, **options)
-    print("total = weights + optimizer + max(activ. + extra + logits + head grad, grads + update); fused: both")
+    print("total = weights + optimizer + max(activ. + extra + logits + head grad, grads + update + recompute); "
+          "fused: their sum")
     print(f"auto: {choice} ({e.total / GiB:.2f} GiB of {budget / GiB:.2f} GiB)")
     return 0
 
