@@ -1,8 +1,8 @@
 """Does the planner predict what is measured? `zoo.memory.estimate` against TensorFlow's
 allocator peak, one fresh process per row.
 
-    python benchmarks/planner.py                                   # the default grid (no 1B rows)
-    python benchmarks/planner.py --models enc-1b,dec-1b --shapes 1x128 --precisions mixed_bfloat16
+    python benchmarks/planner.py                                   # every size, both families (1B rows need ~21 GiB)
+    python benchmarks/planner.py --models enc-base,dec-base --shapes 2x256 --precisions float32
     python benchmarks/planner.py --configs none,selective,full,full+fused   # once set_fused_update exists
 
 Measured ("allocator peak"): in a fresh process, `reset_memory_stats("CPU:0")`,
@@ -58,8 +58,8 @@ def measure(model, batch, seq, precision, config, steps, optimizer):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--models", default="enc-mini,enc-base,enc-large,dec-base,dec-large")
-    p.add_argument("--shapes", default="2x256", help="BATCHxSEQ,...")
+    p.add_argument("--models", default="enc-mini,enc-base,enc-large,enc-1b,dec-base,dec-large,dec-1b")
+    p.add_argument("--shapes", default=None, help="BATCHxSEQ,... (default: 2x256, 1x128 for the 1B models)")
     p.add_argument("--precisions", default="float32,mixed_bfloat16")
     p.add_argument("--configs", default="none,selective,full", help="none,selective,full[,full+fused]")
     p.add_argument("--optimizer", default="adamw", help="adamw, lion or adafactor (global_clipnorm 1.0)")
@@ -78,7 +78,8 @@ def main():
     for model in a.models.split(","):
         spec = memory.lookup(model)
         task = "masked_lm" if spec.family == "bert" else "causal_lm"
-        for shape in a.shapes.split(","):
+        shapes = a.shapes or ("1x128" if spec.num_params() > 5e8 else "2x256")
+        for shape in shapes.split(","):
             batch, seq = map(int, shape.split("x"))
             for precision in a.precisions.split(","):
                 for config in a.configs.split(","):
