@@ -1,5 +1,7 @@
 """The training setup the memory benchmarks share: a registered model with its
-training head, Adam (clipnorm 1.0) built, one synthetic batch, and timed steps.
+training head, an optimizer built (by default Adam with per-variable clipnorm 1.0;
+`optimizer="adamw"` is the recipes' setup, AdamW with global_clipnorm 1.0, which keeps
+every gradient alive until the norm is known), one synthetic batch, and timed steps.
 
 Encoders train masked-LM (15% of positions), decoders causal-LM.
 """
@@ -12,7 +14,21 @@ import numpy as np
 import zoo
 
 
-def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=None):
+def make_optimizer(name="adam"):
+    """The optimizer of a benchmark: "adam" (clipnorm 1.0, each variable clipped on its own),
+    or the recipes' kind of setup with global_clipnorm 1.0: "adamw", "lion", "adafactor"."""
+    if name == "adam":
+        return keras.optimizers.Adam(1e-4, clipnorm=1.0)
+    if name == "adamw":
+        return keras.optimizers.AdamW(1e-4, weight_decay=0.01, global_clipnorm=1.0)
+    if name == "lion":
+        return keras.optimizers.Lion(1e-5, global_clipnorm=1.0)
+    if name == "adafactor":
+        return keras.optimizers.Adafactor(1e-3, global_clipnorm=1.0)
+    raise ValueError(f"Unknown optimizer {name!r}; known: adam, adamw, lion, adafactor.")
+
+
+def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=None, optimizer="adam", fused=False):
     spec = zoo.spec(model)
     task = "masked_lm" if spec.family == "bert" else "causal_lm"
     # BERT has 512 learned positions: longer sequences get a model with more of them.
@@ -20,7 +36,9 @@ def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=Non
     keras.utils.set_random_seed(0)  # same weights and data in every variant
     m = zoo.get(model, checkpointing=policy, dtype=precision, task=task, **overrides)
     m.set_attention(core, chunk_size)
-    m.compile(optimizer=keras.optimizers.Adam(1e-4, clipnorm=1.0),
+    if fused:  # the optimizer step inside the backward pass (needs policy "full")
+        m.set_fused_update(True)
+    m.compile(optimizer=make_optimizer(optimizer),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     m.optimizer.build(m.trainable_variables)  # Adam's slots count as "built", not as step memory
     return m

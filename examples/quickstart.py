@@ -1,5 +1,8 @@
 """Build enc-base with gradient checkpointing, train a few masked-LM steps on
-generated tokens, and print the loss and the step's peak memory.
+generated tokens, and print the loss, the planner's estimate of the peak memory
+and the peak memory measured: the same quantity, TensorFlow's allocator peak
+from before the model is built (weights, AdamW's state, gradients, activations,
+logits and TensorFlow's own overhead), as benchmarks/planner.py compares them.
 
     python examples/quickstart.py [--steps 5] [--batch-size 4] [--sequence-length 128]
 """
@@ -27,16 +30,16 @@ def main():
     args = parser.parse_args()
     b, s = args.batch_size, args.sequence_length
 
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    start = tf.config.experimental.get_memory_info("CPU:0")["current"]
     model = zoo.get(args.model, checkpointing=args.checkpointing, task="masked_lm")
     print(f"{args.model}: {model.count_params() / 1e6:.1f}M parameters, checkpointing={model.checkpointing}")
-    est = memory.estimate(args.model, b, s, "float32", args.checkpointing, task="masked_lm")
-    step_estimate = est.gradients + est.activations + est.logits
-    print(f"estimated: {est.total / memory.GiB:.2f} GiB in all, of which the step itself (gradients, "
-          f"activations, logits) {step_estimate / memory.GiB:.2f} GiB above weights and Adam")
+    est = memory.estimate(args.model, b, s, "float32", args.checkpointing, task="masked_lm", optimizer="adamw")
+    print(f"estimated peak memory (zoo.memory.estimate, all of training): {est.total / memory.GiB:.2f} GiB")
 
     rng = np.random.default_rng(0)
     n = b * args.steps
-    masked = s // 8  # one position in eight (12.5%; BERT masks 15%): where the loss is taken
+    masked = int(s * memory.MASKED_FRACTION)  # BERT masks 15% of the positions: where the loss is taken
     x = {
         "token_ids": rng.integers(1000, model.spec.vocab_size, (n, s), dtype="int32"),
         "segment_ids": np.zeros((n, s), "int32"),
@@ -46,17 +49,15 @@ def main():
     y = np.take_along_axis(x["token_ids"], x["mask_positions"], axis=1)
     x["token_ids"][np.arange(n)[:, None], x["mask_positions"]] = 103  # [MASK]
 
-    model.compile(
-        optimizer=keras.optimizers.Adam(1e-4, clipnorm=1.0),
+    model.compile(  # the recipes' optimizer setup: AdamW, clipped by the global norm
+        optimizer=keras.optimizers.AdamW(1e-4, weight_decay=0.01, global_clipnorm=1.0),
         loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
     )
-    model.optimizer.build(model.trainable_variables)  # so the baseline holds Adam's slots too
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    base = tf.config.experimental.get_memory_info("CPU:0")["current"]
     history = model.fit(x, {"logits": y}, batch_size=b, epochs=1, verbose=2)
-    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - start
     print(f"loss after {args.steps} steps: {history.history['loss'][-1]:.4f}")
-    print(f"measured: peak step memory (allocator) {(peak - base) / memory.GiB:.2f} GiB above weights and Adam")
+    print(f"measured peak memory (TF allocator, all of training): {peak / memory.GiB:.2f} GiB "
+          f"({est.total / peak:.2f}x estimated/measured)")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ It is an estimate, meant to rank choices and to refuse a run that cannot fit;
 `benchmarks/memory.py` measures the real figures on this stack.
 """
 
+import os
 from dataclasses import asdict, dataclass
 
 from zoo.layers.attention_core import DEFAULT_CHUNK, check_core
@@ -28,22 +29,69 @@ from zoo.registry import ModelSpec
 from zoo.registry import spec as lookup
 
 GiB = 1024**3
+MiB = 1024**2
+
+# What `checkpointing="auto"` tries, fastest first.
+CONFIGS = ("none", "selective", "full", "full+fused")
+OPTIMIZERS = ("adamw", "adam", "lion", "adafactor", "sgd")
+LOSS_CHUNK = 1024  # the chunked LM loss's positions per chunk (zoo.lm_loss.DEFAULT_LOSS_CHUNK at merge)
+MASKED_FRACTION = 0.15  # BERT's masked-LM rate: the positions a masked_lm head computes logits for
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
+    """Bytes by component; `.total` is what the TF allocator's peak should show for a
+    fresh process that builds the model and the optimizer and trains (benchmarks/planner.py).
+
+    weights: the variables (float32 under float32 and mixed_* policies).
+    gradients: the gradients alive at once (all of them; one block's + embedding/head when fused).
+    optimizer: the optimizer's slots (exact per variable shape for adafactor).
+    activations: what the forward pass keeps for the backward, and one block's working set.
+    logits: float32 logits, their softmax and their gradient (one chunk of them when chunked).
+    saved_extra: the tensors TensorFlow keeps for the backward beyond the formula's (`SAVED_EXTRA`).
+    head_gradient: the largest variable's gradient (the token embedding's, or the untied head's),
+        made at the very start of the backward pass, while every activation is still alive.
+    update: the optimizer update's temporaries (`_update_bytes`).
+    recompute: under "full", the first block's working set when it is recomputed at the very
+        end of the backward pass, while every other gradient exists (its activations, saved
+        extras and the attention core's tiles); 0 under the other policies.
+    fused: the update runs inside the backward pass (so its phases overlap).
+
+    `total` is the peak of a step's two phases, on top of weights and optimizer state:
+    the start of the backward pass (activations + saved_extra + logits + head_gradient)
+    or its end and the update (all gradients + the update's temporaries + recompute),
+    whichever is larger. With `fused` the update happens during the backward pass, so the
+    two are added.
+    """
+
     weights: int
     gradients: int
     optimizer: int
     activations: int
     logits: int
+    saved_extra: int = 0
+    head_gradient: int = 0
+    update: int = 0
+    recompute: int = 0
+    fused: bool = False
+
+    @property
+    def backward_peak(self) -> int:
+        return self.activations + self.saved_extra + self.logits + self.head_gradient
+
+    @property
+    def update_peak(self) -> int:
+        return self.gradients + self.update + self.recompute
 
     @property
     def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.logits
+        steps = self.backward_peak + self.update_peak if self.fused else max(self.backward_peak, self.update_peak)
+        return self.weights + self.optimizer + steps
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "total": self.total}
+        out = asdict(self)
+        del out["fused"]
+        return {**out, "total": self.total}
 
     def table(self) -> str:
         rows = [(k, v) for k, v in self.as_dict().items()]
@@ -54,23 +102,144 @@ def _activation_bytes(precision: str) -> int:
     return 4 if precision == "float32" else 2
 
 
+def _variable_bytes(precision: str) -> int:
+    """Bytes per variable element: mixed_* policies keep float32 variables."""
+    return 2 if precision in ("bfloat16", "float16") else 4
+
+
 TILES_ALIVE = 6  # float32 tiles in the chunked core's backward: scores, P, dropout scale, dP, dS, dropped P
 
 
+# Variable shapes --------------------------------------------------------------
+def block_shapes(spec) -> list:
+    """The trainable variables' shapes of one transformer block, in the model's order."""
+    s = lookup(spec)
+    h, f = s.hidden_dim, s.intermediate_dim
+    q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    if s.family == "bert":
+        return [(h, q), (q,), (h, kv), (kv,), (h, kv), (kv,), (q, h), (h,), (h, f), (f,), (f, h), (h,),
+                (h,), (h,), (h,), (h,)]
+    return [(h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h), (h,), (h,)]
+
+
+def variable_shapes(spec, task=None, num_classes: int = 2) -> list:
+    """The shapes of `zoo.get(spec, task=task).trainable_variables`, in order, without building it.
+
+    Example:
+    >>> variable_shapes("enc-base")[:2]
+    [(30522, 768), (512, 768)]
+    """
+    s = lookup(spec)
+    task = task or s.default_task
+    h, v = s.hidden_dim, s.vocab_size
+    if s.family == "bert":
+        if task not in ("backbone", "masked_lm", "classifier"):
+            raise ValueError(f"Unknown task {task!r} for family 'bert'; known: backbone, masked_lm, classifier.")
+        head = {"backbone": [(h, h), (h,)], "classifier": [(h, h), (h,), (h, num_classes), (num_classes,)],
+                "masked_lm": [(v,), (h, h), (h,), (h,), (h,)]}[task]
+        return [(v, h), (s.max_sequence_length, h), (s.num_segments, h), (h,), (h,)] + \
+            block_shapes(s) * s.num_layers + head
+    if task not in ("backbone", "causal_lm"):
+        raise ValueError(f"Unknown task {task!r} for family 'llama'; known: backbone, causal_lm.")
+    embeddings = [(v, h)] if s.tie_embeddings else [(v, h), (h, v)]
+    return embeddings + block_shapes(s) * s.num_layers + [(h,)]
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# The pieces other modules will own (one function each, swapped for the real import at merge) ----------
+def optimizer_state_bytes(optimizer: str, shapes, variable_bytes: int = 4) -> int:
+    """Bytes of the optimizer's slots for variables of `shapes` (zoo.optimizer_state.state_bytes at merge).
+
+    adam/adamw: two moments per element; lion: one; sgd: none. Keras' Adafactor
+    (keras/src/optimizers/adafactor.py `build`) keeps, for every variable, a full-size
+    `velocity` slot, plus for a variable of >= 2 dims the factored statistics r
+    (shape[:-1]) and c (shape[:-2] + shape[-1:]), and for a smaller one two scalars.
+    So Keras' Adafactor holds a little MORE than Lion, not less.
+    """
+    name = optimizer.lower()
+    if name not in OPTIMIZERS:
+        raise ValueError(f"Unknown optimizer {optimizer!r}; known: {', '.join(OPTIMIZERS)}.")
+    elements = sum(_numel(shape) for shape in shapes)
+    if name in ("adam", "adamw"):
+        return 2 * elements * variable_bytes
+    if name == "lion":
+        return elements * variable_bytes
+    if name == "sgd":
+        return 0
+    total = 0
+    for shape in shapes:
+        total += _numel(shape)
+        total += _numel(shape[:-1]) + _numel(shape[:-2] + shape[-1:]) if len(shape) >= 2 else 2
+    return total * variable_bytes
+
+
+def loss_live_bytes(batch: int, sequence_length: int, vocab_size: int, chunk_size=None) -> int:
+    """Float32 logits, softmax and gradient alive at once in the LM loss (zoo.lm_loss.live_bytes at merge).
+
+    chunk_size None: the default chunk (`LOSS_CHUNK` positions); 0: the whole sequence at once.
+    """
+    positions = sequence_length if chunk_size == 0 else min(chunk_size or LOSS_CHUNK, sequence_length)
+    return 3 * batch * positions * vocab_size * 4
+
+
+# TensorFlow's own overhead ------------------------------------------------------
+# Bytes per s·b·h element per layer that TensorFlow keeps for the backward pass beyond the
+# formula's, measured with benchmarks/planner.py (none rows, chunked core): float32 copies made by
+# the norms, GELU/SwiGLU, rotary positions and dropout that the 16-bit-activation formula does not
+# count. By (family, float32 activations?).
+SAVED_EXTRA = {("bert", True): 105, ("bert", False): 86, ("llama", True): 58, ("llama", False): 26}
+
+
+def _saved_extra(s, b, seq, precision, policy) -> int:
+    """Per layer kept (none, selective), or one block's while it is recomputed (full)."""
+    per_layer = SAVED_EXTRA[s.family, precision == "float32"] * seq * b * s.hidden_dim
+    return per_layer * (1 if policy == "full" else s.num_layers)
+
+
+def _update_bytes(shapes, vbytes, optimizer) -> int:
+    """The optimizer update's temporaries: with global clipping each gradient is replaced by
+    its scaled copy, and the update computes each slot's new value before assigning it; TF's
+    executor frees each as soon as it is used, so what is alive at once is about two tensors
+    of the largest variable (the token embedding). SGD keeps only the scaled copy."""
+    largest = max(_numel(shape) for shape in shapes) * vbytes
+    return largest * (1 if optimizer.lower() == "sgd" else 2)
+
+def split_config(checkpointing, fused=False) -> tuple:
+    """(policy, fused) from a checkpointing policy or a `CONFIGS` name ("full+fused")."""
+    if isinstance(checkpointing, str) and checkpointing.endswith("+fused"):
+        checkpointing, fused = checkpointing[: -len("+fused")], True
+    policy = resolve(checkpointing)
+    if fused and policy != "full":
+        raise ValueError(f"fused=True needs checkpointing='full' (got {policy!r}): the fused update applies "
+                         "each block's gradients while that block is recomputed; pass checkpointing='full'.")
+    return policy, bool(fused)
+
+
 def estimate(spec, batch_size: int, sequence_length: int, precision: str = "float32",
-             checkpointing="none", task=None, optimizer: str = "adam", attention: str = "chunked",
-             chunk_size: int | None = None) -> MemoryEstimate:
-    """Bytes one training step holds at its peak, by component.
+             checkpointing="none", task=None, optimizer: str = "adamw", attention: str = "chunked",
+             chunk_size: int | None = None, fused: bool = False, loss_chunk: int | None = None) -> MemoryEstimate:
+    """Bytes one training step holds at its peak, by component: what the TF allocator's
+    peak shows for a process that builds the model and the optimizer and trains.
 
     Args:
         spec: a registered model name or a `ModelSpec` (nothing is built).
         batch_size, sequence_length: the step's shape.
         precision: a dtype policy name ("float32", "mixed_bfloat16", ...).
-        checkpointing: "none", "full" or "selective".
+        checkpointing: "none", "selective", "full", or a `CONFIGS` name ("full+fused").
         task: the task head; None: the family's default.
-        optimizer: "adam"/"adamw" (two fp32 moments) or "sgd".
+        optimizer: "adamw"/"adam" (two fp32 moments), "lion" (one), "adafactor" (Keras':
+            a full-size velocity plus factored row/column statistics) or "sgd".
         attention: the attention core, "chunked" (default) or "plain".
         chunk_size: the chunked core's tile side; None: as the model picks it.
+        fused: the optimizer step inside the backward pass, block by block (needs "full").
+        loss_chunk: causal_lm only: positions per chunk of the LM loss; None: the default
+            chunk, 0: the whole logits at once.
 
     Returns:
         A `MemoryEstimate` (bytes per component and `.total`).
@@ -79,10 +248,12 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
     >>> estimate("enc-1b", 4, 512, "mixed_bfloat16", "full").total / GiB
     """
     s: ModelSpec = lookup(spec)
-    policy = resolve(checkpointing)
-    params = s.num_params(task)
-    weight_bytes = 2 if precision in ("bfloat16", "float16") else 4
-    optimizer_slots = {"adam": 2, "adamw": 2, "sgd": 0}[optimizer.lower()]
+    policy, fused = split_config(checkpointing, fused)
+    task = task or s.default_task
+    shapes = variable_shapes(s, task)
+    params = sum(_numel(shape) for shape in shapes)
+    vbytes = _variable_bytes(precision)
+    block_params = sum(_numel(shape) for shape in block_shapes(s))
 
     check_core(attention)
     b, seq, h, a = batch_size, sequence_length, s.hidden_dim, s.num_heads
@@ -107,14 +278,27 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
         activations = layers * 2 * seq * b * h * scale + per_layer_full
     activations += working
     logits = 0
-    if (task or s.default_task) in ("causal_lm",):
-        logits = 3 * b * seq * s.vocab_size * 4  # logits, softmax, their gradient
+    if loss_chunk is not None and task != "causal_lm":
+        raise ValueError(f"loss_chunk applies to task 'causal_lm' only, not {task!r}.")
+    if task == "causal_lm":
+        logits = loss_live_bytes(b, seq, s.vocab_size, loss_chunk)
+    elif task == "masked_lm":  # logits at the masked positions only, never chunked
+        logits = 3 * b * int(seq * MASKED_FRACTION) * s.vocab_size * 4
+    if fused:  # one block's gradients at a time, plus the embedding's and the head's, kept to the end
+        gradients = (block_params + params - layers * block_params) * vbytes
+    else:
+        gradients = params * vbytes
     return MemoryEstimate(
-        weights=params * weight_bytes,
-        gradients=params * weight_bytes,
-        optimizer=params * 4 * optimizer_slots,
+        weights=params * vbytes,
+        gradients=gradients,
+        optimizer=optimizer_state_bytes(optimizer, shapes, vbytes),
         activations=int(activations),
         logits=int(logits),
+        saved_extra=int(_saved_extra(s, b, seq, precision, policy)),
+        head_gradient=max(_numel(shape) for shape in shapes) * vbytes,
+        update=_update_bytes(shapes, vbytes, optimizer),
+        recompute=int(per_layer_full + _saved_extra(s, b, seq, precision, "full") + working) if policy == "full" else 0,
+        fused=fused,
     )
 
 
@@ -146,3 +330,94 @@ def largest_batch(spec, sequence_length: int, budget_bytes: int, limit: int = 40
         else:
             high = mid
     return low
+
+
+def choose(spec, batch_size: int, sequence_length: int, budget_bytes: int | None = None,
+           precision: str = "float32", task=None, optimizer: str = "adamw", configs=CONFIGS, **kwargs) -> tuple:
+    """What `checkpointing="auto"` picks: the first of `configs` (fastest first: none,
+    selective, full, full+fused) whose estimate fits `budget_bytes`.
+
+    Args:
+        spec: a registered model name or a `ModelSpec`.
+        batch_size, sequence_length: the step's shape.
+        budget_bytes: the memory to fit in; None: `default_budget()`.
+        precision, task, optimizer, **kwargs: as `estimate` takes them.
+        configs: the configurations to try, in order.
+
+    Returns:
+        (config name, its `MemoryEstimate`).
+
+    Raises:
+        ValueError: none fits; the message names the smallest estimate and what to change.
+
+    Example:
+    >>> choose("dec-1b", 1, 2048, 24 * GiB, "mixed_bfloat16")[0]
+    """
+    budget = default_budget() if budget_bytes is None else int(budget_bytes)
+    estimates = {c: estimate(spec, batch_size, sequence_length, precision, c, task=task, optimizer=optimizer, **kwargs)
+                 for c in configs}
+    for config, e in estimates.items():
+        if e.total <= budget:
+            return config, e
+    smallest = min(estimates, key=lambda c: estimates[c].total)
+    lighter = ", a lighter optimizer (lion)" if optimizer.lower() in ("adam", "adamw", "adafactor") else ""
+    half = ", precision='mixed_bfloat16'" if precision == "float32" else ""
+    name = spec if isinstance(spec, str) else "the model"
+    raise ValueError(
+        f"No configuration of {name} fits a budget of {budget / GiB:.2f} GiB at batch {batch_size} x sequence "
+        f"{sequence_length} ({precision}, {optimizer}): the smallest estimate is {estimates[smallest].total / GiB:.2f} "
+        f"GiB ({smallest}). Use a smaller batch or sequence{lighter}{half}, or a larger budget.")
+
+
+def default_budget() -> int:
+    """The device's memory: the first GPU's total memory if TensorFlow sees one, else physical RAM."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        try:  # the memory TF's allocator may use on the GPU (its BFC pool limit)
+            return int(tf.config.experimental.get_memory_info("GPU:0").get("limit") or 0) or _gpu_total(gpus[0])
+        except (ValueError, RuntimeError):
+            return _gpu_total(gpus[0])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _gpu_total(gpu) -> int:
+    """A GPU's total memory as the driver reports it (nvidia-smi), 0 if unknown."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+        return int(out[0]) * MiB
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return 0
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_bytes(text) -> int:
+    """Bytes from "24GiB", "24G", "16000MiB", "1.5 GiB" or a plain number of bytes.
+
+    A bare "G"/"M"/"K" means the binary unit, as memory sizes are usually meant
+    ("24G" = 24 GiB); "GB"/"MB"/"KB" are decimal.
+
+    Example:
+    >>> parse_bytes("24GiB") == parse_bytes("24G") == 24 * 2**30
+    True
+    """
+    if isinstance(text, int):
+        return text
+    raw = str(text).strip()
+    number = raw.rstrip("aAbBgGiIkKmMtT ")
+    unit = raw[len(number):].strip().lower()
+    unit = {"g": "gib", "m": "mib", "k": "kib", "t": "tib"}.get(unit, unit)
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1
+    if unit not in _UNITS or value < 0:
+        raise ValueError(f"Cannot read {text!r} as a size: use e.g. 24GiB, 24G, 16000MiB, 512MB or bytes.")
+    return int(value * _UNITS[unit])

@@ -59,7 +59,13 @@ def test_estimate_matches_the_hand_computed_formula(spec, policy, precision, act
     assert e.activations == ACTIVATIONS_16[spec.family, policy] * activation_bytes // 2
     # Logits, their softmax and their gradient, float32 [b, s, vocab]; an encoder backbone has none.
     assert e.logits == (3 * B * S * 100 * 4 if spec.is_decoder else 0)
-    assert e.total == e.weights + e.gradients + e.optimizer + e.activations + e.logits
+    # The peak of the backward's start (all activations, logits and the first, largest gradient) and of the
+    # update (all gradients and the update's temporaries: two tensors the size of the largest variable).
+    largest = max(memory._numel(x) for x in memory.variable_shapes(spec)) * 4
+    assert e.head_gradient == largest and e.update == 2 * largest
+    assert e.backward_peak == e.activations + e.saved_extra + e.logits + largest
+    assert e.total == e.weights + e.optimizer + max(e.backward_peak, e.gradients + e.update + e.recompute)
+    assert (e.recompute > 0) == (policy == "full")
 
 
 # The chunked core keeps no 5·a·s² term: its float32 output (4·s·b·h) and log-sum-exp (4·a·s·b) instead,
@@ -86,7 +92,8 @@ def test_chunked_core_estimate_by_hand(spec, precision, activation_bytes):
 def test_estimate_other_precisions_and_optimizers():
     params = DEC.num_params()
     half = memory.estimate(DEC, B, S, "bfloat16", "none", attention="plain")
-    assert half.weights == half.gradients == params * 2 and half.optimizer == params * 8
+    # A pure bfloat16 policy has bfloat16 variables, and Keras makes the slots in the variable's dtype.
+    assert half.weights == half.gradients == params * 2 and half.optimizer == params * 2 * 2
     assert half.activations == ACTIVATIONS_16["llama", "none"]
     assert memory.estimate(DEC, B, S, "float32", "none", optimizer="sgd").optimizer == 0
     assert memory.estimate(DEC, B, S, "float32", "none", optimizer="AdamW").optimizer == params * 8
@@ -103,8 +110,8 @@ def test_estimate_grows_with_batch_length_and_layers(spec, policy):
     total = {}
     for b, s, layers in [(2, 16, 2), (3, 16, 2), (2, 32, 2), (2, 16, 3)]:
         total[b, s, layers] = memory.estimate(spec.replace(num_layers=layers), b, s, "mixed_bfloat16", policy).total
-    base = total[2, 16, 2]
-    assert total[3, 16, 2] > base and total[2, 32, 2] > base and total[2, 16, 3] > base, total
+    base = total[2, 16, 2]  # never less; the update's phase may be the peak, which no activation changes
+    assert total[3, 16, 2] >= base and total[2, 32, 2] >= base and total[2, 16, 3] > base, total
     e = {p: memory.estimate(spec, 2, 16, "float32", p, attention="plain") for p in zoo.POLICIES}
     assert e["full"].activations < e["selective"].activations < e["none"].activations
     e = {p: memory.estimate(spec, 2, 16, "float32", p) for p in zoo.POLICIES}  # chunked: selective is none
@@ -133,13 +140,16 @@ def test_cli_info_and_plan(capsys):
     assert '"num_params": 1100048384' in capsys.readouterr().out
     assert main(["plan", "enc-1b", "--batch-size", "2", "--precision", "mixed_bfloat16"]) == 0
     rows = capsys.readouterr().out.splitlines()
-    assert [row.split()[0] for row in rows[2:]] == list(zoo.POLICIES)
-    # --checkpointing: one row, the estimate's numbers (GiB, two decimals), total last.
-    assert main(["plan", "dec-1b", "--batch-size", "4", "--sequence-length", "1024", "--checkpointing", "full"]) == 0
+    assert [row.split()[0] for row in rows[2:-2]] == list(memory.CONFIGS)
+    # --checkpointing: one row, the estimate's numbers (GiB, two decimals), total, then the largest batch.
+    assert main(["plan", "dec-1b", "--batch-size", "4", "--sequence-length", "1024", "--checkpointing", "full",
+                 "--budget", "64GiB"]) == 0
     rows = capsys.readouterr().out.splitlines()
-    assert rows[0] == "dec-1b: batch 4 x sequence 1024, float32" and len(rows) == 3
+    assert rows[0] == "dec-1b: batch 4 x sequence 1024, float32, adamw; budget 64.00 GiB" and len(rows) == 5
     e = memory.estimate("dec-1b", 4, 1024, "float32", "full")
-    assert rows[2].split() == ["full"] + [f"{v / memory.GiB:.2f}G" for v in e.as_dict().values()]
+    most = memory.largest_batch("dec-1b", 1024, 64 * memory.GiB, checkpointing="full")
+    assert rows[2].split() == ["full"] + [f"{v / memory.GiB:.2f}G" for v in e.as_dict().values()] + [str(most)]
+    assert rows[4].startswith("auto: full (")
 
 
 @pytest.mark.parametrize("args", [("info", "enc-xl"), ("plan", "enc-xl")])
@@ -147,3 +157,155 @@ def test_cli_unknown_model_lists_known(args, capsys):
     assert main(list(args)) == 2
     err = capsys.readouterr().err
     assert "enc-base" in err and "enc-xl" in err
+
+
+# The planner: variable shapes, optimizers, fused, chunked loss, choose, parse_bytes, `zoo plan` ------------
+
+@pytest.mark.parametrize("name, task", [("enc-base", "backbone"), ("enc-base", "masked_lm"),
+                                        ("enc-base", "classifier"), ("dec-base", "causal_lm"),
+                                        ("dec-1b", "causal_lm"), ("dec-1b", "backbone")])
+def test_variable_shapes_match_a_built_model(name, task):
+    spec = zoo.spec(name).replace(**SMALL, **({"num_kv_heads": 2} if name.startswith("dec") else {}))
+    model = zoo.get(spec, task=task, **({"num_classes": 3} if task == "classifier" else {}))
+    shapes = memory.variable_shapes(spec, task, **({"num_classes": 3} if task == "classifier" else {}))
+    assert shapes == [tuple(v.shape) for v in model.trainable_variables]
+    assert sum(memory._numel(x) for x in shapes) == model.count_params()
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_variable_shapes_count_the_reference_parameters(name):
+    spec = zoo.spec(name)
+    assert sum(memory._numel(x) for x in memory.variable_shapes(spec)) == spec.num_params()
+
+
+def test_optimizer_state_by_hand():
+    shapes = [(100, 64), (64,), (3, 5, 7)]
+    assert memory.optimizer_state_bytes("adamw", shapes) == 2 * (6400 + 64 + 105) * 4
+    assert memory.optimizer_state_bytes("lion", shapes) == (6400 + 64 + 105) * 4
+    # Keras' Adafactor: a full-size velocity for every variable, r (shape[:-1]) and c (shape[:-2] + last)
+    # for >= 2 dims, two scalars for a vector.
+    assert memory.optimizer_state_bytes("adafactor", shapes) == (6400 + 100 + 64 + 64 + 2 + 105 + 15 + 21) * 4
+    assert memory.optimizer_state_bytes("sgd", shapes) == 0
+    with pytest.raises(ValueError, match="known: adamw"):
+        memory.optimizer_state_bytes("adagrad", shapes)
+
+
+def test_adafactor_state_matches_keras():
+    import keras
+
+    model = zoo.get(ENC, task="masked_lm")
+    for name, optimizer in [("adafactor", keras.optimizers.Adafactor()), ("lion", keras.optimizers.Lion()),
+                            ("adamw", keras.optimizers.AdamW())]:
+        optimizer.build(model.trainable_variables)
+        slots = sum(v.numpy().nbytes for v in optimizer.variables) - optimizer.iterations.numpy().nbytes
+        slots -= sum(v.numpy().nbytes for v in optimizer.variables if "learning_rate" in v.path)
+        shapes = memory.variable_shapes(ENC, "masked_lm")
+        assert memory.optimizer_state_bytes(name, shapes) == slots, name
+
+
+CASES = [(ENC, "masked_lm"), (DEC, "causal_lm"), ("enc-1b", None), ("dec-1b", None)]
+
+
+@pytest.mark.parametrize("spec, task", CASES, ids=["enc", "dec", "enc-1b", "dec-1b"])
+@pytest.mark.parametrize("config", memory.CONFIGS)
+@pytest.mark.parametrize("optimizer", ["adamw", "lion", "adafactor"])
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+def test_more_batch_length_or_layers_never_predicts_less(spec, task, config, optimizer, precision):
+    spec = zoo.spec(spec)
+    total = {}
+    backward = {}
+    for b, s, layers in [(2, 16, 2), (3, 16, 2), (2, 32, 2), (2, 16, 3), (2, 4096, 2)]:
+        e = memory.estimate(spec.replace(num_layers=layers), b, s, precision, config, task=task, optimizer=optimizer)
+        total[b, s, layers], backward[b, s, layers] = e.total, e.backward_peak
+    for bigger in [(3, 16, 2), (2, 32, 2), (2, 16, 3)]:
+        assert total[bigger] >= total[2, 16, 2], total  # never less (the update's peak may be the larger)
+        assert backward[bigger] > backward[2, 16, 2], backward  # and the backward's peak always grows
+    assert total[2, 16, 3] > total[2, 16, 2] and total[2, 4096, 2] > total[2, 32, 2]
+
+
+def test_fused_keeps_one_block_of_gradients():
+    full = memory.estimate("dec-1b", 1, 512, "mixed_bfloat16", "full")
+    fused = memory.estimate("dec-1b", 1, 512, "mixed_bfloat16", "full", fused=True)
+    assert fused == memory.estimate("dec-1b", 1, 512, "mixed_bfloat16", "full+fused")
+    spec = zoo.spec("dec-1b")
+    block = sum(memory._numel(x) for x in memory.block_shapes(spec))
+    assert fused.gradients == (spec.num_params() - (spec.num_layers - 1) * block) * 4 < full.gradients / 5
+    assert fused.total < full.total
+    # The update runs inside the backward pass: both phases' tensors are alive together.
+    assert fused.total == fused.weights + fused.optimizer + fused.backward_peak + fused.update_peak
+    for policy in ("none", "selective"):
+        with pytest.raises(ValueError, match="checkpointing='full'"):
+            memory.estimate("dec-1b", 1, 512, checkpointing=policy, fused=True)
+
+
+def test_chunked_loss_holds_one_chunk_of_logits():
+    chunked = memory.estimate("dec-1b", 2, 4096, "mixed_bfloat16", "full")
+    whole = memory.estimate("dec-1b", 2, 4096, "mixed_bfloat16", "full", loss_chunk=0)
+    assert whole.logits == 3 * 2 * 4096 * 32000 * 4
+    assert chunked.logits == 3 * 2 * memory.LOSS_CHUNK * 32000 * 4 < whole.logits
+    assert memory.estimate("dec-1b", 2, 4096, loss_chunk=256).logits == whole.logits // 16
+    with pytest.raises(ValueError, match="causal_lm"):
+        memory.estimate("enc-base", 2, 128, task="masked_lm", loss_chunk=256)
+
+
+def test_optimizer_states_order():
+    e = {o: memory.estimate("enc-base", 2, 128, optimizer=o).optimizer for o in ("sgd", "lion", "adafactor", "adamw")}
+    # Keras' Adafactor keeps a full-size velocity besides its factored statistics: a little above Lion.
+    assert e["sgd"] < e["lion"] < e["adafactor"] < e["adamw"]
+    assert e["adafactor"] < 1.01 * e["lion"]
+
+
+def test_choose_takes_the_fastest_config_that_fits():
+    spec, b, s = "dec-1b", 1, 2048
+    e = {c: memory.estimate(spec, b, s, "mixed_bfloat16", c, attention="plain").total for c in memory.CONFIGS}
+    assert e["none"] > e["selective"] > e["full"] > e["full+fused"]
+
+    def pick(budget):
+        return memory.choose(spec, b, s, budget, "mixed_bfloat16", attention="plain")[0]
+
+    assert pick(1000 * memory.GiB) == "none"
+    assert pick(e["none"]) == "none"
+    assert pick((e["none"] + e["selective"]) // 2) == "selective"
+    assert pick((e["selective"] + e["full"]) // 2) == "full"
+    assert pick((e["full"] + e["full+fused"]) // 2) == "full+fused"
+    smallest = f"smallest estimate is {e['full+fused'] / memory.GiB:.2f} GiB \\(full\\+fused\\)"
+    with pytest.raises(ValueError, match=smallest):
+        pick(e["full+fused"] - 1)
+
+
+def test_default_budget_is_the_machines_memory():
+    with open("/proc/meminfo") as f:
+        total = int(f.readline().split()[1]) * 1024
+    assert abs(memory.default_budget() - total) < 0.05 * total
+
+
+@pytest.mark.parametrize("text, expected", [("24GiB", 24 * 2**30), ("24G", 24 * 2**30), ("16000MiB", 16000 * 2**20),
+                                            ("1.5 GiB", 3 * 2**29), ("512MB", 512 * 10**6), ("1048576", 2**20),
+                                            (4096, 4096)])
+def test_parse_bytes(text, expected):
+    assert memory.parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "24 parsecs", "-3G", ""])
+def test_parse_bytes_refuses(text):
+    with pytest.raises(ValueError, match="24GiB"):
+        memory.parse_bytes(text)
+
+
+def test_cli_plan_prints_the_choice_and_largest_batches(capsys):
+    assert main(["plan", "dec-1b", "--batch-size", "1", "--sequence-length", "2048", "--precision", "mixed_bfloat16",
+                 "--budget", "24GiB"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    choice, e = memory.choose("dec-1b", 1, 2048, 24 * memory.GiB, "mixed_bfloat16")
+    assert out[-1] == f"auto: {choice} ({e.total / memory.GiB:.2f} GiB of 24.00 GiB)"
+    for row, config in zip(out[2:-2], memory.CONFIGS, strict=True):
+        most = memory.largest_batch("dec-1b", 2048, 24 * memory.GiB, precision="mixed_bfloat16", checkpointing=config)
+        assert row.split()[0] == config and row.split()[-1] == str(most)
+
+
+def test_cli_plan_unmeetable_budget(capsys):
+    assert main(["plan", "dec-1b", "--batch-size", "1", "--sequence-length", "512", "--budget", "1GiB"]) == 2
+    err = capsys.readouterr().err
+    e = min(memory.estimate("dec-1b", 1, 512, checkpointing=c).total for c in memory.CONFIGS)
+    assert "zoo plan: error: No configuration of dec-1b fits a budget of 1.00 GiB" in err
+    assert f"smallest estimate is {e / memory.GiB:.2f} GiB (full+fused)" in err

@@ -1,24 +1,42 @@
-"""`zoo plan MODEL`: a training step's estimated memory for each checkpointing policy."""
+"""`zoo plan MODEL`: a training step's estimated memory for each configuration, the one
+`checkpointing="auto"` picks under a budget, and the largest batch each one fits."""
 
-from zoo.memory import GiB, estimate
-from zoo.recompute import POLICIES
+from zoo.memory import CONFIGS, GiB, choose, default_budget, estimate, largest_batch, parse_bytes
+
+# The estimate's components in `MemoryEstimate.as_dict()` order; total = weights + optimizer + the larger of
+# the backward's start (activ. + extra + logits + head grad) and its end (grads + update + recompute), or both
+# if fused.
+COLUMNS = ("weights", "grads", "optimizer", "activ.", "logits", "extra", "head grad", "update", "recompute",
+           "total")
 
 
 def _plan(args):
-    print(f"{args.model}: batch {args.batch_size} x sequence {args.sequence_length}, {args.precision}")
-    print(f"{'policy':10s} {'weights':>9s} {'grads':>9s} {'adam':>9s} {'activ.':>9s} {'logits':>9s} {'total':>9s}")
-    for policy in ([args.checkpointing] if args.checkpointing else POLICIES):
-        e = estimate(args.model, args.batch_size, args.sequence_length, args.precision, policy)
+    budget = parse_bytes(args.budget) if args.budget else default_budget()
+    configs = [args.checkpointing] if args.checkpointing else list(CONFIGS)
+    options = {"precision": args.precision, "task": args.task, "optimizer": args.optimizer}
+    print(f"{args.model}: batch {args.batch_size} x sequence {args.sequence_length}, {args.precision}, "
+          f"{args.optimizer}; budget {budget / GiB:.2f} GiB")
+    print(f"{'config':11s} " + " ".join(f"{c:>9s}" for c in COLUMNS) + f" {'max batch':>9s}")
+    for config in configs:
+        e = estimate(args.model, args.batch_size, args.sequence_length, checkpointing=config, **options)
         cells = " ".join(f"{v / GiB:8.2f}G" for v in e.as_dict().values())
-        print(f"{policy:10s} {cells}")
+        most = largest_batch(args.model, args.sequence_length, budget, checkpointing=config, **options)
+        print(f"{config:11s} {cells} {most:9d}")
+    choice, e = choose(args.model, args.batch_size, args.sequence_length, budget, configs=configs, **options)
+    print("total = weights + optimizer + max(activ. + extra + logits + head grad, grads + update + recompute); "
+          "fused: their sum")
+    print(f"auto: {choice} ({e.total / GiB:.2f} GiB of {budget / GiB:.2f} GiB)")
     return 0
 
 
 def register(subparsers):
-    p = subparsers.add_parser("plan", help="estimate a training step's memory for each checkpointing policy")
+    p = subparsers.add_parser("plan", help="estimate a training step's memory for each configuration and pick one")
     p.add_argument("model")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--sequence-length", type=int, default=512)
     p.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16", "mixed_float16"])
-    p.add_argument("--checkpointing", default=None)
+    p.add_argument("--task", default=None, help="the task head (default: the family's)")
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "lion", "adafactor", "sgd"])
+    p.add_argument("--budget", default=None, help="e.g. 24GiB (default: the device's memory, or RAM on CPU)")
+    p.add_argument("--checkpointing", default=None, help="one configuration only (none, selective, full, full+fused)")
     p.set_defaults(func=_plan)
