@@ -1,0 +1,63 @@
+"""Recipes with the fused update: conflicting fields are refused with the fix, and a run
+(causal LM, exact global clip, dropout) killed with SIGKILL inside a checkpoint write and
+started again ends bitwise equal to an uninterrupted run: the fused step keeps no state of
+its own beyond the model's and the optimizer's variables."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import recipes
+from recipes import state
+from tests.common import REPO, tiny_recipe
+from tests.recipes.test_resume import KILL_SCRIPT, final_state
+
+STEPS = 6
+
+
+def make_recipe(vocabulary):
+    recipe = tiny_recipe("dec-base", steps=STEPS, log_every=2, checkpoint_every=2, batch_size=4, learning_rate=3e-3,
+                         vocabulary=vocabulary, checkpointing="full", fused=True, clipnorm=0.5,
+                         precision="mixed_bfloat16", keep_checkpoints=3)
+    return recipe.replace(model_overrides={**recipe.model_overrides, "dropout": 0.1})
+
+
+def test_conflicting_fields_name_the_fix():
+    with pytest.raises(ValueError, match="fused=True needs checkpointing='full'.*--checkpointing full"):
+        tiny_recipe("dec-base", fused=True, checkpointing="selective")
+    with pytest.raises(ValueError, match="cannot be combined with accumulation_steps=4.*raise batch_size"):
+        tiny_recipe("dec-base", fused=True, checkpointing="full", accumulation_steps=4)
+    with pytest.raises(ValueError, match="Unknown fused_clip 'layer'; known: global, per-block"):
+        tiny_recipe("dec-base", fused=True, checkpointing="full", fused_clip="layer")
+    with pytest.raises(ValueError, match="Unknown checkpointing policy 'most'; known: none, full, selective, auto"):
+        tiny_recipe("dec-base", checkpointing="most")
+
+
+def test_fused_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path, recipes_news, recipes_vocab, capsys):
+    recipe = make_recipe(recipes_vocab["llama"])
+    reference = recipes.run(recipe, recipes_news, str(tmp_path / "reference"), column="text", verbose=0)
+    assert reference.model.fused_update == "global"
+    losses = [row["loss"] for row in reference.history]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+
+    killed = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    args = [sys.executable, "-c", KILL_SCRIPT, json.dumps(recipe.to_dict()), recipes_news, str(killed)]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == -signal.SIGKILL, done.stdout[-2000:] + done.stderr[-3000:]
+    assert [step for step, _ in state.checkpoints(str(killed))] == [2]
+
+    capsys.readouterr()
+    resumed = recipes.run(recipe, recipes_news, str(killed), column="text", verbose=0)
+    assert "Resuming dec-base from step 2" in capsys.readouterr().out
+    assert (resumed.start_step, resumed.step) == (2, STEPS)
+    (step, got), (ref_step, expected) = final_state(killed), final_state(tmp_path / "reference")
+    assert step == ref_step == STEPS and sorted(got) == sorted(expected)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)

@@ -1,0 +1,123 @@
+"""The fused update (zoo.fused) takes the same steps as Keras' own `fit`: weights after three
+steps of AdamW (schedule, weight decay, dropout active) equal, with and without a global clip
+that triggers, tied and untied, in float32 and bfloat16; a non-finite float16 step leaves every
+weight as it was; and a step holds less memory than `full` alone.
+
+The reference is `fit` with the recipes' AdamW, whose global norm counts an embedding's
+gradient correctly (Keras' own miscounts repeated token ids, see recipes/optim.py)."""
+
+import functools
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import zoo
+from recipes.optim import AdamW
+from tests.common import TINY, TINY_DEC
+
+VOCAB = 97
+CLIP = 0.05  # far below the tiny models' gradient norm (~7): the clip triggers on every step
+
+
+def build(family, precision="float32", tied=False, fused=None, clip=None, loss_chunk=None, accumulation=None):
+    keras.utils.set_random_seed(0)
+    if family == "llama":
+        model = zoo.get("dec-base", checkpointing="full", dtype=precision, task="causal_lm",
+                        **dict(TINY_DEC, vocab_size=VOCAB, dropout=0.1, tie_embeddings=tied))
+        model.set_loss_chunk(loss_chunk)
+    else:
+        model = zoo.get("enc-base", checkpointing="full", dtype=precision, task="masked_lm",
+                        **dict(TINY, vocab_size=VOCAB, dropout=0.1))
+    if fused:
+        model.set_fused_update(True, fused)
+    schedule = keras.optimizers.schedules.CosineDecay(0.0, 10, warmup_target=1e-2, warmup_steps=2)
+    optimizer = AdamW(schedule, weight_decay=0.1, global_clipnorm=clip, gradient_accumulation_steps=accumulation)
+    optimizer.exclude_from_weight_decay(var_list=[v for v in model.trainable_variables if len(v.shape) < 2])
+    model.compile(optimizer=optimizer, loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
+                  jit_compile=False)
+    return model
+
+
+def batches(family, steps=3, batch=2, seq=16):
+    rng = np.random.default_rng(1)
+    ids = rng.integers(1, VOCAB, (steps * batch, seq + 1)).astype("int32")
+    x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((steps * batch, seq), "int32")}
+    if family == "llama":
+        y = ids[:, 1:]
+    else:
+        x["mask_positions"] = np.stack([rng.choice(seq, 3, replace=False) for _ in range(steps * batch)])
+        x["mask_positions"] = np.sort(x["mask_positions"]).astype("int32")
+        y = np.take_along_axis(x["token_ids"], x["mask_positions"], 1)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+
+
+@functools.cache  # tests share runs: each one is seconds of tracing
+def trained(family, **kwargs):
+    model = build(family, **kwargs)
+    history = model.fit(batches(family), epochs=1, verbose=0).history
+    return model, history["loss"]
+
+
+def rel(a, b):
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+def assert_same_weights(model, reference, tolerance, skip=("key/bias",)):
+    """Every weight, except the attention key bias: its gradient is zero up to rounding (softmax
+    ignores it), so its Adam update is normalised rounding noise wherever a sum's order differs."""
+    for v, r in zip(model.weights, reference.weights):
+        if not any(part in v.path for part in skip):
+            assert rel(v.numpy(), r.numpy()) <= tolerance, (v.path, rel(v.numpy(), r.numpy()))
+    assert int(model.optimizer.iterations) == int(reference.optimizer.iterations) == 3
+
+
+def global_norm_of_first_step(family):
+    model = build(family)
+    x, y = next(iter(batches(family)))
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss(x, y, model(x, training=True))
+    grads = tape.gradient(loss, model.trainable_variables)
+    return float(tf.linalg.global_norm([tf.convert_to_tensor(g) for g in grads]))
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_fused_equals_fit_float32_with_a_global_clip(family):
+    assert global_norm_of_first_step(family) > 10 * CLIP  # the clip really scales every step
+    reference, ref_loss = trained(family, clip=CLIP)
+    model, loss = trained(family, clip=CLIP, fused="global")
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    assert_same_weights(model, reference, 1e-6)
+
+
+def test_fused_tied_embedding_sums_both_uses():
+    """Tied input and output embedding, no clip (no norm pass), unchunked loss (the head's whole logits)."""
+    reference, _ = trained("llama", tied=True, loss_chunk=0)
+    model, _ = trained("llama", tied=True, loss_chunk=0, fused="global")
+    assert_same_weights(model, reference, 1e-6)
+
+
+def test_per_block_clip_is_a_different_explicit_choice():
+    exact, _ = trained("llama", clip=CLIP, fused="global")
+    per_block, _ = trained("llama", clip=CLIP, fused="per-block")
+    assert per_block.fused_update == "per-block"
+    assert max(rel(a.numpy(), b.numpy()) for a, b in zip(per_block.weights, exact.weights)) > 1e-3
+
+
+def test_bad_combinations_name_the_fix():
+    model = zoo.get("dec-base", checkpointing="selective", task="causal_lm", **TINY_DEC)
+    with pytest.raises(ValueError, match="needs checkpointing='full'.*set_checkpointing"):
+        model.set_fused_update(True)
+    model.set_checkpointing("full")
+    with pytest.raises(ValueError, match="Unknown fused-update clip 'layer'; known: global, per-block"):
+        model.set_fused_update(True, clip="layer")
+    model.set_fused_update(True)
+    with pytest.raises(ValueError, match="turn it off first"):
+        model.set_checkpointing("none")
+    backbone = zoo.get("dec-base", checkpointing="full", task="backbone", **TINY_DEC)
+    with pytest.raises(ValueError, match="trains a task model"):
+        backbone.set_fused_update(True)
+    accumulating = build("llama", fused="global", accumulation=2)
+    with pytest.raises(ValueError, match="cannot be combined with gradient accumulation.*raise the batch size"):
+        accumulating.fit(batches("llama"), epochs=1, verbose=0)

@@ -1,0 +1,68 @@
+"""The fused update under mixed precision (the same steps as `fit` under the same policy;
+a non-finite float16 step changes no weight) and its memory (less than `full` alone)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import zoo
+from recipes.optim import AdamW
+from tests.zoo.test_fused import CLIP, assert_same_weights, batches, build, trained
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_fused_equals_fit_bfloat16(family):
+    """Against `fit` under the same policy. The decoder's steps are bitwise equal; the encoder's
+    differ by bfloat16 rounding (~3e-3), from the order in which the masked-LM head's gathered
+    gradient is summed."""
+    reference, _ = trained(family, precision="mixed_bfloat16", clip=CLIP)
+    model, _ = trained(family, precision="mixed_bfloat16", clip=CLIP, fused="global")
+    assert_same_weights(model, reference, 1e-6 if family == "llama" else 2e-2)
+
+
+def test_float16_non_finite_step_changes_no_weight():
+    model = build("llama", precision="mixed_float16", fused="global", clip=1.0)
+    x, y = next(iter(batches("llama")))
+    model.train_on_batch(x, y)
+    scaler = model.optimizer
+    assert isinstance(scaler, keras.optimizers.LossScaleOptimizer) and int(scaler.iterations) == 1
+    before = [v.numpy() for v in model.trainable_variables]
+    scaler.dynamic_scale.assign(1e38)  # float16 gradients of a loss this large overflow
+    model.train_on_batch(x, y)
+    assert int(scaler.iterations) == 1  # the step was skipped
+    assert float(scaler.dynamic_scale) == pytest.approx(5e37)  # and the scale halved, as Keras does
+    for v, b in zip(model.trainable_variables, before):
+        np.testing.assert_array_equal(v.numpy(), b, err_msg=v.path)
+    scaler.dynamic_scale.assign(1024.0)
+    model.train_on_batch(x, y)
+    assert int(scaler.iterations) == 2 and all(np.isfinite(v.numpy()).all() for v in model.trainable_variables)
+
+
+VOCAB_BIG = 16000  # [4, 256, 16000] float32 logits: 62.5 MiB
+
+
+def step_peak(fused, loss_chunk):
+    """Allocator peak of a compiled training step (after tracing), above what was allocated before."""
+    keras.utils.set_random_seed(0)
+    model = zoo.get("dec-base", checkpointing="full", task="causal_lm", num_layers=4, hidden_dim=128, num_heads=4,
+                    num_kv_heads=2, intermediate_dim=512, vocab_size=VOCAB_BIG)
+    model.set_loss_chunk(loss_chunk)
+    if fused:
+        model.set_fused_update(True)
+    model.compile(optimizer=AdamW(1e-3, global_clipnorm=1.0),
+                  loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, jit_compile=False)
+    ids = np.random.default_rng(0).integers(0, VOCAB_BIG, (4, 257)).astype("int32")
+    x, y = {"token_ids": ids[:, :-1], "padding_mask": np.ones((4, 256), "int32")}, ids[:, 1:]
+    model.train_on_batch(x, y)
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    start = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    model.train_on_batch(x, y)
+    return tf.config.experimental.get_memory_info("CPU:0")["peak"] - start
+
+
+def test_fused_and_chunked_step_holds_less_than_full_alone():
+    full = step_peak(fused=False, loss_chunk=0)
+    lean = step_peak(fused=True, loss_chunk=32)
+    # neither the whole logits nor the blocks' gradients all at once
+    assert lean < 0.5 * full, (lean, full)

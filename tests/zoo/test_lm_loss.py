@@ -1,0 +1,145 @@
+"""The chunked causal-LM loss equals SparseCategoricalCrossentropy(from_logits=True) on the
+whole logits, in value and in its gradients w.r.t. the hidden states and the LM head's
+variables of a real tiny decoder (tied and untied), eagerly and in tf.function, with sample
+weights and with uneven chunks; and its gradient computation holds far less than the
+unchunked one (TF's allocator peak)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import zoo
+from tests.common import TINY_DEC
+from zoo.lm_loss import DEFAULT_LOSS_CHUNK, chunked_lm_loss, live_bytes, loss_chunk
+
+VOCAB = 97
+BATCH = 2
+CASES = [(16, 4), (13, 5)]  # an even split, and 13 positions in chunks of 5, 5 and 3
+
+
+def decoder(tied):
+    keras.utils.set_random_seed(0)
+    return zoo.get("dec-base", task="causal_lm", **dict(TINY_DEC, vocab_size=VOCAB, tie_embeddings=tied))
+
+
+def data(seq, hidden_dim=64, dtype="float32"):
+    rng = np.random.default_rng(seq)
+    h = tf.cast(rng.standard_normal((BATCH, seq, hidden_dim)).astype("float32"), dtype)
+    y = tf.constant(rng.integers(0, VOCAB, (BATCH, seq)), tf.int32)
+    w = tf.constant(rng.uniform(0, 2, (BATCH, seq)).astype("float32"))
+    return h, y, w
+
+
+def loss_and_grads(model, loss_fn, h, compile_):
+    variables = model.backbone.token_embedding.trainable_variables
+
+    def run(h):
+        with tf.GradientTape() as tape:
+            tape.watch(h)
+            loss = loss_fn(h)
+        grads = tape.gradient(loss, [h, *variables])
+        return loss, [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in
+                      zip(grads, [h, *variables])]
+
+    loss, grads = (tf.function(run) if compile_ else run)(h)
+    return float(loss), [g.numpy().astype("float32") for g in grads]
+
+
+def reference(model, h, y, w=None):
+    return lambda x: keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, model.lm_logits(x), w)
+
+
+def assert_close(ref, got, rtol):
+    assert got[0] == pytest.approx(ref[0], rel=rtol)
+    for r, g in zip(ref[1], got[1]):
+        # relative to the tensor's largest entry (entries near 0 have no meaningful relative error)
+        scale = max(np.abs(r).max(), 1e-30)
+        assert np.abs(r - g).max() / scale < rtol, np.abs(r - g).max() / scale
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("seq,chunk", CASES)
+def test_equals_unchunked_fp32(tied, seq, chunk):
+    model = decoder(tied)
+    h, y, w = data(seq)
+    for weights in (None, w):
+        ref = loss_and_grads(model, reference(model, h, y, weights), h, compile_=False)
+        assert any(np.abs(g).max() > 0 for g in ref[1][1:])  # the head's variable gets a gradient
+        for compile_ in (False, True):
+            got = loss_and_grads(model, lambda x: chunked_lm_loss(x, model.lm_logits, y, chunk, weights), h, compile_)
+            assert_close(ref, got, 1e-6)
+
+
+def test_sample_weight_per_row_and_default_chunk():
+    model = decoder(True)
+    h, y, _ = data(13)
+    w = tf.constant([[1.0], [0.0]])  # [B, 1] broadcasts over positions; the divisor stays B * S
+    ref = loss_and_grads(model, reference(model, h, y, w), h, compile_=True)
+    got = loss_and_grads(model, lambda x: chunked_lm_loss(x, model.lm_logits, y, sample_weight=w), h, True)
+    assert_close(ref, got, 1e-6)
+
+
+def test_mixed_bfloat16():
+    """bfloat16 hidden states and head compute, float32 variables and logits. The head's gradient is a
+    bfloat16 matmul over the positions: unchunked rounds the sum over all B*S positions to bfloat16 once,
+    chunked rounds each chunk's sum and adds them in float32, so they differ at bfloat16's precision (2^-8);
+    the loss and d hidden are per-position and agree far closer."""
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = decoder(False)
+    h, y, _ = data(13, dtype="bfloat16")
+    ref = loss_and_grads(model, reference(model, h, y), h, compile_=True)
+    got = loss_and_grads(model, lambda x: chunked_lm_loss(x, model.lm_logits, y, 5), h, compile_=True)
+    assert got[0] == pytest.approx(ref[0], rel=1e-6)
+    assert_close(ref, got, 2e-2)
+    np.testing.assert_allclose(got[1][0], ref[1][0], rtol=0, atol=1e-2 * np.abs(ref[1][0]).max())
+
+
+def test_bad_chunk_size():
+    h, y, _ = data(4)
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="chunk_size must be a positive"):
+            chunked_lm_loss(h, lambda x: x, y, chunk_size=bad)
+
+
+def test_chunk_and_live_bytes():
+    assert loss_chunk(2, 13, VOCAB, 5) == 5
+    assert loss_chunk(2, 3, VOCAB) == 3  # never more than the sequence
+    assert loss_chunk(1, 4096, 1000) == DEFAULT_LOSS_CHUNK
+    assert loss_chunk(8, 4096, 256000) < DEFAULT_LOSS_CHUNK  # capped by the chunk's logits bytes
+    assert live_bytes(2, 512, 8000, 64) == 3 * 2 * 64 * 8000 * 4
+
+
+def test_gradient_memory_is_chunk_sized():
+    """Allocator peak of a tf.function gradient computation: 32 MB of float32 logits unchunked."""
+    batch, seq, vocab, hidden, chunk = 2, 512, 8000, 64, 64
+    keras.utils.set_random_seed(0)
+    emb = keras.layers.Dense(vocab, use_bias=False)
+    emb.build((None, None, hidden))
+    h = tf.random.normal([batch, seq, hidden])
+    y = tf.random.uniform([batch, seq], 0, vocab, tf.int32)
+
+    def peak(loss_fn):
+        @tf.function
+        def step(h):
+            with tf.GradientTape() as tape:
+                tape.watch(h)
+                loss = loss_fn(h)
+            d_h, d_w = tape.gradient(loss, [h, emb.kernel])
+            return loss, tf.reduce_sum(d_h), tf.reduce_sum(d_w)
+
+        step(h)
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        start = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        float(step(h)[0])
+        return tf.config.experimental.get_memory_info("CPU:0")["peak"] - start
+
+    full = peak(lambda x: keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, emb(x)))
+    logits = batch * seq * vocab * 4
+    assert full > logits  # the allocator sees the whole logits: the measurement is real
+    grads = batch * seq * hidden * 4 + vocab * hidden * 4
+    chunked = peak(lambda x: chunked_lm_loss(x, emb, y, chunk))
+    assert chunked < 0.5 * full, (chunked, full)
+    # live_bytes is honest: the chunk's tensors plus the gradients the step returns (and their accumulators)
+    bound = live_bytes(batch, seq, vocab, chunk) + 3 * grads
+    assert chunked <= bound, (chunked, bound)

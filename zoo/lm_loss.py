@@ -1,0 +1,132 @@
+"""A chunked causal-LM loss: the float32 [B, S, vocab] logits never exist whole.
+
+`chunked_lm_loss(hidden, head, labels)` equals
+`keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, head(hidden))`
+(reduction "sum_over_batch_size") in value and in its gradients w.r.t. `hidden` and the
+variables `head` reads. It walks the positions a chunk at a time; each chunk's logits
+make its loss and, at once, its gradients (for an incoming gradient of 1), after which the
+logits are dropped. The backward pass only scales what the forward pass computed, so the
+work is the unchunked loss's: three head matmuls per position. What is kept from forward to
+backward, d hidden [B, S, H] and the head's float32 gradients, is what the unchunked
+backward makes anyway.
+
+The chunks are a Python loop over the static sequence length (a graph `while_loop` with
+accumulators at vocab 32000 trips a Grappler bug on this stack: "AlreadyExistsError ...
+ArithmeticOptimizer/AddOpsRewrite .../tmp_var"). TF's executor runs whatever is ready, so
+each chunk's input is made to depend through data on the previous chunk's results: one
+chunk's [B, c, vocab] tensors are alive at a time.
+"""
+
+import tensorflow as tf
+from tensorflow.python.eager import record
+
+DEFAULT_LOSS_CHUNK = 512  # positions per chunk; see loss_chunk and benchmarks/lm_loss.py
+CHUNK_LOGITS_BYTES = 256 * 2**20  # a cap on one chunk's float32 logits, B * c * vocab * 4 bytes
+LOGITS_COPIES = 3  # [B, c, vocab] float32 tensors alive in a chunk: logits, softmax, d logits
+FLOAT16_SCALE = 2.0**10  # see chunked_lm_loss: float16 gradients made before the loss scale is known
+
+
+def _check_chunk(chunk_size):
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"Loss chunk_size must be a positive number of positions, got {chunk_size!r}; pass e.g. "
+                         f"chunk_size={DEFAULT_LOSS_CHUNK}, or None for the default.")
+
+
+def loss_chunk(batch, seq, vocab, chunk_size=None) -> int:
+    """Positions per chunk: `chunk_size`, or DEFAULT_LOSS_CHUNK lowered until one chunk's
+    float32 logits fit CHUNK_LOGITS_BYTES; never more than `seq`."""
+    if chunk_size is not None:
+        _check_chunk(chunk_size)
+        return int(min(chunk_size, seq))
+    by_bytes = CHUNK_LOGITS_BYTES // max(1, 4 * batch * vocab)
+    return int(max(1, min(DEFAULT_LOSS_CHUNK, by_bytes, seq)))
+
+
+def live_bytes(batch, seq, vocab, chunk_size=None) -> int:
+    """The [B, c, vocab] float32 tensors one chunk holds at its peak."""
+    return LOGITS_COPIES * batch * loss_chunk(batch, seq, vocab, chunk_size) * vocab * 4
+
+
+def _head_variables(head, hidden):
+    """The trainable variables `head` reads, and its vocabulary size (a call on zero positions)."""
+    with record.VariableWatcher() as watcher:
+        vocab = head(hidden[:, :0]).shape[-1]
+    variables = {v.ref(): v for v in watcher.watched_variables() if v.trainable}
+    return list(variables.values()), vocab
+
+
+def _probe(*tensors):
+    """A float32 zero that depends on `tensors` through data (x + 0 * probe orders x after them)."""
+    return 0.0 * tf.add_n([tf.cast(tf.reshape(t, [-1])[0], tf.float32) for t in tensors])
+
+
+def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None):
+    """Mean token cross-entropy of `head(hidden)` against `labels`, a chunk of positions at a time.
+
+    Args:
+        hidden: [B, S, H] normed hidden states (any float dtype); S must be static.
+        head: a callable [B, c, H] -> logits [B, c, vocab] (cast to float32 here), e.g.
+            `DecoderCausalLM.lm_logits`; the trainable variables it reads get gradients.
+        labels: int [B, S] target token ids.
+        chunk_size: positions per chunk; None: `loss_chunk`'s choice.
+        sample_weight: optional [B, S] (or [B, 1]) weights with Keras' "sum_over_batch_size":
+            sum(loss * w) / (B * S), divided by the replicas under a tf.distribute strategy.
+
+    Returns:
+        A float32 scalar, differentiable w.r.t. `hidden` and the head's variables.
+
+    Example:
+    >>> loss = chunked_lm_loss(backbone(x)["sequence_output"], model.lm_logits, y, chunk_size=256)
+    """
+    if chunk_size is not None:
+        _check_chunk(chunk_size)
+    hidden = tf.convert_to_tensor(hidden)
+    labels = tf.convert_to_tensor(labels)
+    seq = hidden.shape[1]
+    if hidden.shape.rank != 3 or labels.shape.rank != 2 or seq is None:
+        raise ValueError(f"hidden must be [B, S, H] with a static S, and labels [B, S]; got {hidden.shape} "
+                         f"and {labels.shape}.")
+    variables, vocab = _head_variables(head, hidden)
+    c = loss_chunk(hidden.shape[0] or 1, seq, vocab, chunk_size)
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    scale = tf.math.divide_no_nan(1.0, tf.cast(tf.shape(hidden)[0] * seq * replicas, tf.float32))
+    weights = None
+    if sample_weight is not None:
+        weights = tf.broadcast_to(tf.cast(sample_weight, tf.float32), tf.shape(labels))
+
+    # The chunks' gradients are made in the forward pass, before Keras' loss scale is known. In
+    # float16, d hidden of a mean over B·S positions would underflow there: it is made for a loss
+    # scaled by FLOAT16_SCALE, and the backward divides it out (in float32).
+    inner = FLOAT16_SCALE if hidden.dtype == tf.float16 else 1.0
+
+    @tf.custom_gradient
+    def loss_fn(h):
+        total, d_chunks, d_vars = tf.constant(0.0), [], [tf.zeros(v.shape, tf.float32) for v in variables]
+        after = tf.constant(0.0)
+        for start in range(0, seq, c):
+            h_i = h[:, start:start + c] + tf.cast(after, h.dtype)
+            with tf.GradientTape(watch_accessed_variables=False) as tape:
+                tape.watch(h_i)
+                tape.watch(variables)
+                per = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    labels=labels[:, start:start + c], logits=tf.cast(head(h_i), tf.float32))
+                chunk = tf.reduce_sum(per if weights is None else per * weights[:, start:start + c])
+                scaled = chunk * (scale * inner)
+            d_h, *grads = tape.gradient(scaled, [h_i, *variables], unconnected_gradients="zero")
+            d_vars = [acc + tf.cast(tf.convert_to_tensor(g), tf.float32) for acc, g in zip(d_vars, grads)]
+            total += chunk
+            d_chunks.append(d_h)
+            after = _probe(d_h, total, *d_vars)  # the next chunk starts once this one's gradients exist
+        d_hidden = tf.concat(d_chunks, axis=1)
+
+        def grad(d_loss, variables=None):
+            d_loss = tf.cast(d_loss, tf.float32) / inner
+            mine = {v.ref(): g for v, g in zip(_variables, d_vars)}
+            d_h = tf.cast(d_loss * tf.cast(d_hidden, tf.float32), d_hidden.dtype)
+            return d_h, [tf.cast(d_loss * mine[v.ref()], v.dtype) if v.ref() in mine else None
+                         for v in variables or []]
+
+        return total * scale, grad
+
+    _variables = variables
+    return loss_fn(hidden)

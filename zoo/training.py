@@ -1,0 +1,43 @@
+"""How a zoo model takes a training step where it differs from Keras' own.
+
+`ZooModel.train_step` picks one of three:
+  - the fused update (`zoo.fused`), when `model.set_fused_update()` turned it on;
+  - `backbone_step`, when the model's loss is computed from the backbone's outputs without
+    making the model's whole output first (the causal LM's chunked loss, `zoo.lm_loss`);
+  - otherwise Keras' own `train_step`.
+All three report the loss and metrics as Keras does, so `fit`, its callbacks and progress
+bar see no difference.
+"""
+
+import keras
+import tensorflow as tf
+from keras.src.losses.loss import unscale_loss_for_distribution
+
+
+def track_loss(model, x, loss):
+    """The running loss `fit` reports, weighted by the batch size as Keras' own step does."""
+    model._loss_tracker.update_state(unscale_loss_for_distribution(loss),
+                                     sample_weight=tf.shape(x["token_ids"])[0])
+
+
+def metrics(model, x, y, y_pred, sample_weight):
+    """The step's logs. Without outputs (a chunked loss makes none) only the loss is reported."""
+    if y_pred is None:
+        return model.get_metrics_result()
+    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+def backbone_step(model, data):
+    """Keras' train_step, except that the loss comes from `model.training_loss` on the
+    backbone's outputs."""
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    x = model.complete_inputs(x)
+    model.check_inputs(x)
+    with tf.GradientTape() as tape:
+        outputs = model.backbone({name: x[name] for name in model.backbone.input}, training=True)
+        loss, y_pred = model.training_loss(outputs, x, y, sample_weight)
+        track_loss(model, x, loss)
+        scaled = model.optimizer.scale_loss(loss)
+    weights = model.trainable_weights
+    model.optimizer.apply_gradients(zip(tape.gradient(scaled, weights), weights))
+    return metrics(model, x, y, y_pred, sample_weight)
