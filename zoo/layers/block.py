@@ -66,14 +66,20 @@ class TransformerBlock(keras.layers.Layer):
 
     def call(self, x, padding_mask=None, training=None):
         training = bool(training)
-        seed = self.seed_generator.next() if (training and self.dropout) else None
+        seed = self.draw_seed() if training else None
         if training and self.checkpointing == "full":
-            def block(h):
-                return self._forward(h, mask=padding_mask, seed=seed, training=True)[0]
-
-            return recompute(block, x)
+            return recompute(lambda h: self.replay(h, padding_mask, seed), x)
         recompute_core = training and self.checkpointing == "selective"
         return self._forward(x, mask=padding_mask, seed=seed, training=training, recompute_core=recompute_core)[0]
+
+    def draw_seed(self):
+        """The training call's one draw, which seeds every dropout in the block (None without dropout)."""
+        return self.seed_generator.next() if self.dropout else None
+
+    def replay(self, x, padding_mask, seed):
+        """The block in training with a given dropout seed: the same function every time it
+        is called, which is what recomputation and the fused update (zoo.fused) rely on."""
+        return self._forward(x, mask=padding_mask, seed=seed, training=True)[0]
 
     def decode(self, x, padding_mask, cache, cache_index):
         """Inference with a key/value cache: returns (output, updated cache)."""

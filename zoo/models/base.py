@@ -9,6 +9,7 @@ config is the spec itself, so a saved model rebuilds the same shape.
 import keras
 import numpy as np
 
+from zoo import fused, training
 from zoo.layers.block import TransformerBlock
 from zoo.recompute import resolve
 from zoo.registry import ModelSpec
@@ -83,6 +84,9 @@ class ZooModel(keras.Model):
         'selective'
         """
         policy = resolve(policy)
+        if self.fused_update and policy != "full":
+            raise ValueError(f"The fused update needs checkpointing='full'; turn it off first "
+                             f"(model.set_fused_update(False)) to use {policy!r}.")
         for block in blocks_of(self):
             block.checkpointing = policy
         self._drop_compiled_functions()
@@ -107,18 +111,67 @@ class ZooModel(keras.Model):
         self._drop_compiled_functions()
         return core, chunk_size
 
+    fused_update = None  # the fused update's clip mode ("global", "per-block"), or None when off
+
+    def set_fused_update(self, enabled=True, clip="global"):
+        """Apply the optimizer inside the backward pass, block by block (zoo.fused), so that
+        the gradients of the whole model never exist at once. Needs `full` checkpointing;
+        call before `fit` (compiled functions retrace; weights and optimizer state stay).
+
+        Args:
+            enabled: turn it on (True) or off (False).
+            clip: "global" (exact global-norm clipping, with a norm-only backward pass first)
+                or "per-block" (each block clipped by its own norm: cheaper, not the same).
+
+        Returns:
+            The clip mode, or None when off.
+
+        Example:
+        >>> model = zoo.get("dec-1b", checkpointing="full")
+        >>> model.set_fused_update(True)
+        'global'
+        >>> model.compile(optimizer=keras.optimizers.AdamW(1e-4, global_clipnorm=1.0), loss=...)
+        """
+        if enabled:
+            fused.check_model(self)
+        self.fused_update = fused.check_clip(clip) if enabled else None
+        self._drop_compiled_functions()
+        return self.fused_update
+
+    def train_step(self, data):
+        if self.fused_update:
+            return fused.train_step(self, data, self.fused_update)
+        if self.trains_from_backbone():
+            return training.backbone_step(self, data)
+        return super().train_step(data)
+
+    def trains_from_backbone(self) -> bool:
+        """Whether `training_loss` is computed from the backbone's outputs without the model's
+        whole output (see DecoderCausalLM's chunked loss)."""
+        return False
+
+    def training_loss(self, backbone_outputs, x, y, sample_weight):
+        """(loss, outputs) of one training batch, from the backbone's outputs: the compiled
+        loss of `task_head`'s outputs. The fused update and `backbone_step` call it."""
+        y_pred = self.task_head(backbone_outputs, x, training=True)
+        return self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True), y_pred
+
     def _drop_compiled_functions(self):
         for attr in ("train_function", "test_function", "predict_function"):
             if hasattr(self, attr):
                 setattr(self, attr, None)
 
     def __call__(self, inputs, *args, **kwargs):
+        return super().__call__(self.complete_inputs(inputs), *args, **kwargs)
+
+    def complete_inputs(self, inputs):
+        """Inputs with one-segment `segment_ids` added where the model takes them and they are
+        missing, as Hugging Face defaults token_type_ids to zeros."""
         if isinstance(inputs, dict) and "segment_ids" in self.input and "segment_ids" not in inputs:
-            # One-segment inputs, as Hugging Face defaults token_type_ids to zeros.
             ids = inputs["token_ids"]
             zeros = np.zeros_like(ids) if isinstance(ids, np.ndarray) else keras.ops.zeros_like(ids)
             inputs = {**inputs, "segment_ids": zeros}
-        return super().__call__(inputs, *args, **kwargs)
+        return inputs
 
     def call(self, inputs, training=None, mask=None):
         self.check_inputs(inputs)

@@ -8,6 +8,7 @@ from keras import ops
 from keras_hub.layers import ReversibleEmbedding
 
 from zoo.layers.initializers import init
+from zoo.lm_loss import chunked_lm_loss, loss_chunk
 from zoo.models.base import ZooModel, as_spec, make_blocks, token_inputs
 
 
@@ -29,11 +30,18 @@ class DecoderBackbone(ZooModel):
             epsilon=spec.layer_norm_epsilon, dtype=dtype, name="final_norm"
         )
         inputs = token_inputs(spec)
-        x = self.token_embedding(inputs["token_ids"])
+        x = self.embed(inputs)
         for block in self.blocks:
             x = block(x, padding_mask=inputs["padding_mask"])
-        outputs = {"sequence_output": self.final_norm(x)}
-        self._finish(spec, inputs, outputs, dtype, **kwargs)
+        self._finish(spec, inputs, self.finish(x), dtype, **kwargs)
+
+    def embed(self, inputs, training=None):
+        """Token ids -> the first block's input."""
+        return self.token_embedding(inputs["token_ids"])
+
+    def finish(self, x, training=None):
+        """The last block's output -> the backbone's outputs."""
+        return {"sequence_output": self.final_norm(x)}
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -51,8 +59,43 @@ class DecoderCausalLM(ZooModel):
         spec = as_spec(spec)
         self.backbone = DecoderBackbone(spec, checkpointing, dtype, name="backbone")
         inputs = dict(self.backbone.input)
-        sequence = self.backbone(inputs)["sequence_output"]
-        self._finish(spec, inputs, {"logits": self.lm_logits(sequence)}, dtype, **kwargs)
+        self._finish(spec, inputs, self.task_head(self.backbone(inputs), inputs), dtype, **kwargs)
+
+    def task_head(self, backbone_outputs, inputs, training=None):
+        """The backbone's outputs -> this model's outputs (what `fit`'s loss reads)."""
+        return {"logits": self.lm_logits(backbone_outputs["sequence_output"])}
+
+    loss_chunk = None  # positions per chunk of the training loss: None = zoo.lm_loss's choice, 0 = unchunked
+
+    def set_loss_chunk(self, chunk_size=None):
+        """How `fit` computes the causal-LM loss: over chunks of `chunk_size` positions
+        (None: zoo.lm_loss picks it; the default), so that the float32 [B, S, vocab] logits
+        never exist whole, or unchunked (0). Same loss and gradients either way.
+
+        The chunked loss is used when the model is compiled with
+        `SparseCategoricalCrossentropy(from_logits=True)` on "logits" and no metrics (which
+        would need the logits); otherwise `fit` computes the whole logits as Keras does.
+        """
+        if chunk_size not in (None, 0):
+            chunk_size = loss_chunk(1, chunk_size, 1, chunk_size)  # checks it
+        self.loss_chunk = chunk_size
+        self._drop_compiled_functions()
+        return chunk_size
+
+    def trains_from_backbone(self) -> bool:
+        if self.loss_chunk == 0 or self._compile_metrics is not None:
+            return False
+        loss = self.loss.get("logits") if isinstance(self.loss, dict) and len(self.loss) == 1 else self.loss
+        return (isinstance(loss, keras.losses.SparseCategoricalCrossentropy) and loss.from_logits
+                and loss.ignore_class is None and loss.reduction == "sum_over_batch_size")
+
+    def training_loss(self, backbone_outputs, x, y, sample_weight):
+        if not self.trains_from_backbone():
+            return super().training_loss(backbone_outputs, x, y, sample_weight)
+        y = y["logits"] if isinstance(y, dict) else y
+        loss = chunked_lm_loss(backbone_outputs["sequence_output"], self.lm_logits, y, self.loss_chunk or None,
+                               sample_weight)
+        return loss, None
 
     def lm_logits(self, sequence_output):
         """The LM head: normed hidden states [..., H] -> float32 logits [..., vocab]."""

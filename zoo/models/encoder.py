@@ -41,15 +41,23 @@ class EncoderBackbone(ZooModel):
         )
 
         inputs = token_inputs(spec)
-        tokens = self.token_embedding(inputs["token_ids"])
-        x = tokens + self.position_embedding(tokens) + self.segment_embedding(inputs["segment_ids"])
-        x = self.embeddings_dropout(self.embeddings_norm(x))
+        x = self.embed(inputs)
         for block in self.blocks:
             x = block(x, padding_mask=inputs["padding_mask"])
+        self._finish(spec, inputs, self.finish(x), dtype, **kwargs)
+
+    def embed(self, inputs, training=None):
+        """Token, position and segment ids -> the first block's input."""
+        tokens = self.token_embedding(inputs["token_ids"])
+        x = tokens + self.position_embedding(tokens) + self.segment_embedding(inputs["segment_ids"])
+        return self.embeddings_dropout(self.embeddings_norm(x), training=training)
+
+    def finish(self, x, training=None):
+        """The last block's output -> the backbone's outputs."""
         outputs = {"sequence_output": x}
-        if pooler:
+        if self.use_pooler:
             outputs["pooled_output"] = self.pooler(x[:, 0, :])
-        self._finish(spec, inputs, outputs, dtype, **kwargs)
+        return outputs
 
     def _task_config(self):
         return {"pooler": self.use_pooler}
@@ -77,9 +85,13 @@ class EncoderMaskedLM(ZooModel):
         )
         inputs = dict(self.backbone.input)
         inputs["mask_positions"] = keras.Input(shape=(None,), dtype="int32", name="mask_positions")
-        sequence = self.backbone({k: v for k, v in inputs.items() if k != "mask_positions"})["sequence_output"]
-        logits = ops.cast(self.head(sequence, mask_positions=inputs["mask_positions"]), "float32")
-        self._finish(spec, inputs, {"logits": logits}, dtype, **kwargs)
+        outputs = self.backbone({k: v for k, v in inputs.items() if k != "mask_positions"})
+        self._finish(spec, inputs, self.task_head(outputs, inputs), dtype, **kwargs)
+
+    def task_head(self, backbone_outputs, inputs, training=None):
+        """The backbone's outputs -> this model's outputs (what `fit`'s loss reads)."""
+        logits = self.head(backbone_outputs["sequence_output"], mask_positions=inputs["mask_positions"])
+        return {"logits": ops.cast(logits, "float32")}
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -98,9 +110,12 @@ class EncoderClassifier(ZooModel):
             num_classes, kernel_initializer=init(), dtype=dtype, name="classifier"
         )
         inputs = dict(self.backbone.input)
-        pooled = self.backbone(inputs)["pooled_output"]
-        logits = ops.cast(self.classifier(self.classifier_dropout(pooled)), "float32")
-        self._finish(spec, inputs, {"logits": logits}, dtype, **kwargs)
+        self._finish(spec, inputs, self.task_head(self.backbone(inputs), inputs), dtype, **kwargs)
+
+    def task_head(self, backbone_outputs, inputs, training=None):
+        """The backbone's outputs -> this model's outputs (what `fit`'s loss reads)."""
+        pooled = self.classifier_dropout(backbone_outputs["pooled_output"], training=training)
+        return {"logits": ops.cast(self.classifier(pooled), "float32")}
 
     def _task_config(self):
         return {"num_classes": self.num_classes}
