@@ -14,21 +14,25 @@ import numpy as np
 import zoo
 
 
-def make_optimizer(name="adam"):
+def make_optimizer(name="adam", clip=1.0):
     """The optimizer of a benchmark: "adam" (clipnorm 1.0, each variable clipped on its own),
-    or the recipes' kind of setup with global_clipnorm 1.0: "adamw", "lion", "adafactor"."""
+    or the recipes' own classes (recipes.optim) with global_clipnorm `clip` (None: no clip):
+    "adamw", "lion", "adafactor"."""
+    from recipes import optim
+
     if name == "adam":
-        return keras.optimizers.Adam(1e-4, clipnorm=1.0)
+        return keras.optimizers.Adam(1e-4, clipnorm=clip)
     if name == "adamw":
-        return keras.optimizers.AdamW(1e-4, weight_decay=0.01, global_clipnorm=1.0)
+        return optim.AdamW(1e-4, weight_decay=0.01, global_clipnorm=clip)
     if name == "lion":
-        return keras.optimizers.Lion(1e-5, global_clipnorm=1.0)
+        return optim.Lion(1e-5, global_clipnorm=clip)
     if name == "adafactor":
-        return keras.optimizers.Adafactor(1e-3, global_clipnorm=1.0)
+        return optim.Adafactor(1e-3, global_clipnorm=clip, relative_step=False)
     raise ValueError(f"Unknown optimizer {name!r}; known: adam, adamw, lion, adafactor.")
 
 
-def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=None, optimizer="adam", fused=False):
+def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=None, optimizer="adam", fused=False,
+                   loss_chunk=None, clip=1.0):
     spec = zoo.spec(model)
     task = "masked_lm" if spec.family == "bert" else "causal_lm"
     # BERT has 512 learned positions: longer sequences get a model with more of them.
@@ -36,9 +40,11 @@ def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=Non
     keras.utils.set_random_seed(0)  # same weights and data in every variant
     m = zoo.get(model, checkpointing=policy, dtype=precision, task=task, **overrides)
     m.set_attention(core, chunk_size)
+    if task == "causal_lm":  # None: the chunked loss's default; 0: the whole logits
+        m.set_loss_chunk(loss_chunk)
     if fused:  # the optimizer step inside the backward pass (needs policy "full")
         m.set_fused_update(True)
-    m.compile(optimizer=make_optimizer(optimizer),
+    m.compile(optimizer=make_optimizer(optimizer, clip),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     m.optimizer.build(m.trainable_variables)  # Adam's slots count as "built", not as step memory
     return m

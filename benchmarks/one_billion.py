@@ -1,15 +1,25 @@
-"""The headline: 1B-parameter models take real Adam steps on a 2-core, 24 GiB machine.
+"""The headline: 1B-parameter models take real optimizer steps on a 2-core, 24 GiB machine,
+and how far below 16 bytes per parameter the fused update, the chunked loss and a lighter
+optimizer take them.
 
-    python benchmarks/one_billion.py [--models enc-1b,dec-1b] [--policies full,none]
-                                     [--precision mixed_bfloat16] [--max-batch 8]
+    python benchmarks/one_billion.py [--models dec-1b,enc-1b] [--seqs 512,2048] [--variants a,b,c]
+                                     [--precision mixed_bfloat16] [--max-batch 16]
 
-For each model and policy, batches 1, 2, 4, ... run at sequence 512, each in a
-fresh process that builds the model, builds Adam (clipnorm 1.0) and takes
-`--steps` training steps. A batch is only started when `zoo.memory.estimate`
-(plus the runtime overhead measured at batch 1) says it fits in the memory
-available when the benchmark started; while it runs, a guard kills it before
-its resident memory passes that budget, so no variant is left to the kernel's
-OOM killer. Prints a table and one JSON line.
+Variants (all `full` checkpointing, global-norm clipping 1.0, the recipes' optimizer classes):
+  a        standard AdamW: Keras' step, every gradient alive at the clip, whole logits
+  b        fused update (exact global clip: a norm pass, then the update pass) + chunked LM loss, AdamW
+  c        as b with Adafactor
+  b-noclip as b without clipping (no norm pass): its step time against a's is the fused update's own
+           cost, and b's against it is the norm pass's
+
+For each model, sequence and variant, the largest batch the planner (`zoo.memory.estimate`) says
+fits the memory available at the start (a power of two, up to --max-batch) runs first in a fresh
+process; if it fails, half of it runs, and so on. A batch the estimate says cannot fit is skipped,
+never left to the OOM killer (a guard also kills a child whose RSS passes the budget). Each child
+builds the model and optimizer and takes `--steps` steps (the first traces, the rest are timed).
+Reports the allocator peak (from before the model was built, what `estimate(...).total` predicts),
+the step's own allocator peak above the built model and optimizer, peak RSS and s/step. Prints a
+table and one JSON line.
 """
 
 import argparse
@@ -18,81 +28,95 @@ import json
 import _harness
 from _harness import GiB
 
+VARIANTS = {
+    "a": {"optimizer": "adamw", "fused": False, "loss_chunk": 0, "clip": 1.0},
+    "b": {"optimizer": "adamw", "fused": True, "loss_chunk": None, "clip": 1.0},
+    "c": {"optimizer": "adafactor", "fused": True, "loss_chunk": None, "clip": 1.0},
+    "b-noclip": {"optimizer": "adamw", "fused": True, "loss_chunk": None, "clip": None},
+}
+RUNTIME_RSS = 3 * GiB  # TF runtime, Python and allocator slack beyond the allocator's peak (benchmarks/planner.py)
 
-def measure(model, policy, precision, batch, seq, steps):
+
+def measure(model, batch, seq, precision, steps, optimizer, fused, loss_chunk, clip):
     """One variant, in this (child) process."""
     import time
 
+    import tensorflow as tf
     from _training import compiled_model, synthetic_batch, train_steps
 
+    tf.config.experimental.reset_memory_stats("CPU:0")
     start = time.perf_counter()
-    m = compiled_model(model, policy, precision, seq)
+    m = compiled_model(model, "full", precision, seq, optimizer=optimizer, fused=fused, loss_chunk=loss_chunk,
+                       clip=clip)
     build_s = time.perf_counter() - start
     x, y = synthetic_batch(model, batch, seq)
     with _harness.PeakMemory() as mem:
         times, _, losses = train_steps(m, x, y, steps)
     return {
-        "params": m.count_params(), "build_s": build_s, "base_gib": mem.base_gib,
-        "alloc_peak_gib": mem.peak_gib, "step_mem_gib": mem.step_gib, "peak_rss_gib": mem.rss_gib,
-        "first_step_s": times[0], "step_s": min(times[1:]) if len(times) > 1 else times[0], "losses": losses,
+        "params": m.count_params(), "build_s": build_s, "built_gib": mem.base_gib, "alloc_peak_gib": mem.peak_gib,
+        "step_mem_gib": mem.step_gib, "peak_rss_gib": mem.rss_gib, "first_step_s": times[0],
+        "step_s": min(times[1:]) if len(times) > 1 else times[0], "losses": losses,
     }
+
+
+def _estimate(model, batch, seq, precision, variant):
+    from zoo import memory
+
+    v = VARIANTS[variant]
+    task = "causal_lm" if model.startswith("dec") else "masked_lm"
+    return memory.estimate(model, batch, seq, precision, "full", task=task, optimizer=v["optimizer"],
+                           fused=v["fused"], loss_chunk=v["loss_chunk"] if task == "causal_lm" else None).total
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--models", default="enc-1b,dec-1b")
-    p.add_argument("--policies", default="full,none")
+    p.add_argument("--models", default="dec-1b,enc-1b")
+    p.add_argument("--seqs", default="512,2048")
+    p.add_argument("--variants", default="a,b,c")
     p.add_argument("--precision", default="mixed_bfloat16")
-    p.add_argument("--sequence-length", type=int, default=512)
-    p.add_argument("--start-batch", type=int, default=1, help="first batch of the doubling search")
-    p.add_argument("--max-batch", type=int, default=8, help="stop the search here (each step is minutes on 2 cores)")
+    p.add_argument("--max-batch", type=int, default=16, help="the largest batch tried (each step is minutes)")
+    p.add_argument("--batch", type=int, default=None, help="run this batch only (e.g. to time b-noclip against a)")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--margin-gib", type=float, default=1.0, help="memory left free for the system")
+    p.add_argument("--timeout", type=int, default=1800, help="seconds before a child is stopped")
     a = p.parse_args()
 
-    from zoo import memory
-
     budget = _harness.available_bytes() - int(a.margin_gib * GiB)
-    seq = a.sequence_length
-    print(f"memory budget {budget / GiB:.1f} GiB (available at start less {a.margin_gib} GiB); sequence {seq}; "
-          f"{a.precision}", flush=True)
-    print(f"{'model':7s} {'policy':6s} {'batch':>5s} {'est GiB':>8s} {'RSS GiB':>8s} {'alloc GiB':>9s} "
-          f"{'s/step':>7s} {'tok/s':>6s}  status", flush=True)
+    print(f"memory budget {budget / GiB:.1f} GiB (available at start less {a.margin_gib} GiB); {a.precision}; "
+          "full checkpointing; alloc = allocator peak from before the build; step = above the built model",
+          flush=True)
+    print(f"{'model':7s} {'seq':>5s} {'var':8s} {'batch':>5s} {'est GiB':>8s} {'alloc':>7s} {'ratio':>6s} "
+          f"{'step':>6s} {'RSS':>6s} {'s/step':>7s} {'tok/s':>6s}  status", flush=True)
     rows = []
     for model in a.models.split(","):
-        for policy in a.policies.split(","):
-            overhead = None  # runtime memory beyond the analytical estimate, measured at the first batch
-            largest = 0
-            batch = a.start_batch
-            while batch <= a.max_batch:
-                est = memory.estimate(model, batch, seq, a.precision, policy).total
-                predicted = est + (overhead or 0)
-                row = {"model": model, "policy": policy, "batch": batch, "seq": seq, "precision": a.precision,
-                       "estimate_gib": est / GiB}
-                variant = {"model": model, "policy": policy, "precision": a.precision, "batch": batch, "seq": seq,
-                           "steps": a.steps}
-                row.update(_harness.run_if_it_fits(variant, predicted, budget))
-                rows.append(row)
-                ok = row["status"] == "ok"
-                cells = (f"{row['guard_rss_gib']:8.2f} {row['alloc_peak_gib']:9.2f} {row['step_s']:7.1f} "
-                         f"{batch * seq / row['step_s']:6.0f}") if ok else f"{'-':>8s} {'-':>9s} {'-':>7s} {'-':>6s}"
-                print(f"{model:7s} {policy:6s} {batch:5d} {est / GiB:8.2f} {cells}  {row['status']}", flush=True)
-                if not ok:
-                    break
-                largest = batch
-                if overhead is None:  # what the estimate leaves out: TF runtime, Python, allocator slack
-                    overhead = max(0, int(row["guard_rss_gib"] * GiB) - est)
-                batch *= 2
-            # Beyond the search cap, the estimate (with the overhead measured at batch 1) says how far it goes.
-            estimated = memory.largest_batch(model, seq, budget - (overhead or 0), precision=a.precision,
-                                             checkpointing=policy)
-            summary = {"model": model, "policy": policy, "largest_batch_run": largest,
-                       "search_capped": largest == a.max_batch, "largest_batch_estimated": estimated}
-            rows.append(summary)
-            capped = " (search capped)" if summary["search_capped"] else ""
-            print(f"{model:7s} {policy:6s} largest batch run: {largest}{capped}; estimated to fit: {estimated}",
-                  flush=True)
-    print(json.dumps({"benchmark": "one_billion", "budget_gib": budget / GiB, "results": rows}))
+        for seq in map(int, a.seqs.split(",")):
+            for variant in a.variants.split(","):
+                fits = [b for b in (2**i for i in range(12)) if b <= a.max_batch
+                        and _estimate(model, b, seq, a.precision, variant) + RUNTIME_RSS <= budget]
+                batch = a.batch or (max(fits) if fits else 1)
+                largest = 0
+                while batch >= 1:
+                    est = _estimate(model, batch, seq, a.precision, variant)
+                    child = {"model": model, "batch": batch, "seq": seq, "precision": a.precision, "steps": a.steps,
+                             **VARIANTS[variant]}
+                    row = {**child, "variant": variant, "estimate_gib": est / GiB}
+                    row.update(_harness.run_if_it_fits(child, est + RUNTIME_RSS, budget, timeout=a.timeout))
+                    rows.append(row)
+                    ok = row["status"] == "ok"
+                    cells = (f"{row['alloc_peak_gib']:7.2f} {row['alloc_peak_gib'] * GiB / est:6.2f} "
+                             f"{row['step_mem_gib']:6.2f} {row['guard_rss_gib']:6.2f} {row['step_s']:7.1f} "
+                             f"{batch * seq / row['step_s']:6.0f}") if ok else " ".join(
+                        f"{'-':>{w}s}" for w in (7, 6, 6, 6, 7, 6))
+                    print(f"{model:7s} {seq:5d} {variant:8s} {batch:5d} {est / GiB:8.2f} {cells}  {row['status']}",
+                          flush=True)
+                    if ok:
+                        largest = batch
+                        break
+                    batch //= 2
+                rows.append({"model": model, "seq": seq, "variant": variant, "largest_batch_run": largest,
+                             "search_capped": largest == a.max_batch})
+    print(json.dumps({"benchmark": "one_billion", "budget_gib": budget / GiB, "precision": a.precision,
+                      "results": rows}))
 
 
 if __name__ == "__main__":

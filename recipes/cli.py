@@ -46,6 +46,14 @@ def register(subparsers):
     p.add_argument("--optimizer", choices=OPTIMIZERS,
                    help="recipe field optimizer (default: the recipe's, adamw); lion and adafactor keep half "
                    "AdamW's state (README: Optimizers)")
+    p.add_argument("--fused", action="store_true", default=None,
+                   help="apply the optimizer inside the backward pass, block by block (needs --checkpointing full): "
+                   "the whole model's gradients never exist at once (README: Below 16 bytes per parameter)")
+    p.add_argument("--fused-clip", choices=("global", "per-block"),
+                   help="with --fused: 'global' (exact global-norm clip, a norm pass first; default) or 'per-block'")
+    p.add_argument("--loss-chunk", type=int,
+                   help="causal LM: positions per chunk of the loss (default: chosen; 0: unchunked logits)")
+    p.add_argument("--memory-budget", help="with --checkpointing auto: e.g. 24GiB (default: this device's memory)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="model spec override, repeatable (e.g. --override num_layers=2)")
     p.add_argument("--strategy", choices=("mirrored", "multi-worker"),
@@ -64,7 +72,8 @@ def _train(args):
     if args.model is None and args.weights is None:
         raise ValueError("zoo train needs a model name (zoo list) or --weights to start from.")
     fields = ("batch_size", "sequence_length", "accumulation_steps", "learning_rate", "warmup_steps", "log_every",
-              "checkpoint_every", "vocabulary", "precision", "checkpointing", "optimizer")
+              "checkpoint_every", "vocabulary", "precision", "checkpointing", "optimizer", "fused", "fused_clip",
+              "loss_chunk", "memory_budget")
     changes = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
     if args.override:
         changes["model_overrides"] = dict(_override(o) for o in args.override)

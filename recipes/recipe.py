@@ -69,7 +69,11 @@ class Recipe:
     model_overrides: dict = field(default_factory=dict)
     weights: str | None = None  # a Hugging Face folder or Hub repo id to start from (recipes.pretrained)
     precision: str = "mixed_bfloat16"
-    checkpointing: str = "none"  # activation recomputation policy (zoo.recompute)
+    checkpointing: str = "none"  # activation recomputation policy (zoo.recompute), or "auto" (zoo.memory.choose)
+    memory_budget: str | int | None = None  # for "auto": bytes or "24GiB"; None: the device's memory (RAM on CPU)
+    fused: bool = False  # the optimizer step inside the backward pass (zoo.fused); needs checkpointing "full"
+    fused_clip: str = "global"  # with fused: "global" (exact, a norm pass first) or "per-block" (cheaper, not exact)
+    loss_chunk: int | None = None  # causal LM: positions per loss chunk (zoo.lm_loss); None: its default; 0: unchunked
     # optimizer: `optimizer` picks it; each reads the fields below that it has (recipes/optim.py)
     learning_rate: float = 1e-4
     beta_1: float = 0.9
@@ -112,8 +116,23 @@ class Recipe:
         check(self.optimizer in OPTIMIZERS,
               f"Unknown optimizer {self.optimizer!r}; known optimizers: {', '.join(OPTIMIZERS)}.")
         check(self.decay in DECAYS, f"Unknown decay {self.decay!r}; known: {', '.join(DECAYS)}.")
-        check(self.checkpointing in zoo.POLICIES,
-              f"Unknown checkpointing policy {self.checkpointing!r}; known: {', '.join(zoo.POLICIES)}.")
+        check(self.checkpointing in (*zoo.POLICIES, "auto"),
+              f"Unknown checkpointing policy {self.checkpointing!r}; known: {', '.join(zoo.POLICIES)}, auto.")
+        check(not self.fused or self.checkpointing in ("full", "auto"),
+              f"fused=True needs checkpointing='full' (the fused update recomputes each block from its saved "
+              f"input); this recipe has {self.checkpointing!r}. Set checkpointing='full' (--checkpointing full), "
+              "or 'auto' to let the planner decide, or drop fused.")
+        check(not self.fused or self.accumulation_steps == 1,
+              f"fused=True cannot be combined with accumulation_steps={self.accumulation_steps}: the fused update "
+              "applies each block's gradients as soon as they exist, so there is no whole-step gradient to "
+              "accumulate. Set accumulation_steps=1 and raise batch_size instead, or drop fused.")
+        check(self.fused_clip in zoo.fused.CLIPS,
+              f"Unknown fused_clip {self.fused_clip!r}; known: {', '.join(zoo.fused.CLIPS)}.")
+        check(self.loss_chunk is None or (isinstance(self.loss_chunk, int) and self.loss_chunk >= 0),
+              f"loss_chunk must be None (the default chunk), 0 (unchunked) or a positive number of positions; "
+              f"got {self.loss_chunk!r}.")
+        if self.memory_budget is not None:
+            zoo.memory.parse_bytes(self.memory_budget)  # raises with the accepted forms
         for name in ("steps", "batch_size", "sequence_length", "accumulation_steps", "log_every",
                      "checkpoint_every", "keep_checkpoints", "shuffle_buffer"):
             check(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}.")
@@ -161,6 +180,13 @@ class Recipe:
         """The same schedule shape over `steps` updates: warmup keeps its fraction of the run."""
         warmup = round(self.warmup_steps * steps / self.steps)
         return self.replace(steps=steps, warmup_steps=min(warmup, steps))
+
+    @classmethod
+    def defaults(cls) -> dict:
+        """Every field's default (fields without one left out)."""
+        fields = dataclasses.fields(cls)
+        return {f.name: f.default for f in fields if f.default is not dataclasses.MISSING} | {
+            f.name: f.default_factory() for f in fields if f.default_factory is not dataclasses.MISSING}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

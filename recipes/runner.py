@@ -152,6 +152,7 @@ def build(recipe, num_classes=None):
         A compiled Keras model (float32 logits; `mixed_float16` gets Keras' dynamic
         loss scaling from compile).
     """
+    recipe = resolve_auto(recipe)
     overrides = dict(recipe.model_overrides)
     if recipe.task == "classifier":
         num_classes = num_classes or overrides.get("num_classes", 2)
@@ -161,12 +162,38 @@ def build(recipe, num_classes=None):
     else:
         model = zoo.get(recipe.model, checkpointing=recipe.checkpointing, dtype=recipe.precision,
                         task=recipe.task, **overrides)
+    if recipe.task == "causal_lm":
+        model.set_loss_chunk(recipe.loss_chunk)
+    if recipe.fused:
+        model.set_fused_update(True, recipe.fused_clip)
     model.compile(
         optimizer=optim.optimizer(recipe, model),
         loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
         jit_compile=False,  # XLA was slower and larger on CPU (docs/design-notes.md)
     )
     return model
+
+
+def resolve_auto(recipe) -> Recipe:
+    """`checkpointing="auto"`: the fastest configuration the planner says fits the memory budget
+    (none, selective, full, then full with the fused update); other recipes as they are."""
+    if recipe.checkpointing != "auto":
+        return recipe
+    budget = zoo.memory.parse_bytes(recipe.memory_budget) if recipe.memory_budget else zoo.memory.default_budget()
+    configs = zoo.memory.CONFIGS
+    if recipe.fused:
+        configs = [c for c in configs if c.endswith("+fused")]
+    elif recipe.accumulation_steps > 1:  # the fused update cannot accumulate
+        configs = [c for c in configs if not c.endswith("+fused")]
+    config, estimate = zoo.memory.choose(
+        recipe.spec, recipe.batch_size, recipe.sequence_length, budget, precision=recipe.precision,
+        task=recipe.task, optimizer=recipe.optimizer, configs=configs, accumulation_steps=recipe.accumulation_steps,
+        loss_chunk=recipe.loss_chunk if recipe.task == "causal_lm" else None,
+    )
+    policy, _, fused = config.partition("+")
+    print(f"checkpointing='auto': {config} (estimated {estimate.total / zoo.memory.GiB:.2f} GiB of a "
+          f"{budget / zoo.memory.GiB:.1f} GiB budget)")
+    return recipe.replace(checkpointing=policy, fused=bool(fused))
 
 
 def _prepare(recipe, out_dir, train_docs, meta):

@@ -19,7 +19,7 @@ import shutil
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from recipes.recipe import LEGACY_TASKS
+from recipes.recipe import LEGACY_TASKS, Recipe
 from zoo.files import atomic_path
 
 RUN_FILE = "run.json"
@@ -45,8 +45,9 @@ def read_run(out_dir):
     for record in (run, run.get("recipe", {})):
         if "task" in record:
             record["task"] = LEGACY_TASKS.get(record["task"], record["task"])
-    if "recipe" in run:
-        run["recipe"].setdefault("optimizer", "adamw")  # runs from before Recipe.optimizer trained AdamW
+    if "recipe" in run:  # fields added since the run was written take their defaults (what the run used)
+        for name, default in Recipe.defaults().items():
+            run["recipe"].setdefault(name, default)
     return run
 
 

@@ -23,6 +23,7 @@ It is an estimate, meant to rank choices and to refuse a run that cannot fit;
 import os
 from dataclasses import asdict, dataclass
 
+from zoo import lm_loss, optimizer_state
 from zoo.layers.attention_core import DEFAULT_CHUNK, check_core
 from zoo.recompute import resolve
 from zoo.registry import ModelSpec
@@ -34,7 +35,6 @@ MiB = 1024**2
 # What `checkpointing="auto"` tries, fastest first.
 CONFIGS = ("none", "selective", "full", "full+fused")
 OPTIMIZERS = ("adamw", "adam", "lion", "adafactor", "sgd")
-LOSS_CHUNK = 1024  # the chunked LM loss's positions per chunk (zoo.lm_loss.DEFAULT_LOSS_CHUNK at merge)
 MASKED_FRACTION = 0.15  # BERT's masked-LM rate: the positions a masked_lm head computes logits for
 
 
@@ -152,40 +152,25 @@ def _numel(shape) -> int:
     return n
 
 
-# The pieces other modules will own (one function each, swapped for the real import at merge) ----------
-def optimizer_state_bytes(optimizer: str, shapes, variable_bytes: int = 4) -> int:
-    """Bytes of the optimizer's slots for variables of `shapes` (zoo.optimizer_state.state_bytes at merge).
-
-    adam/adamw: two moments per element; lion: one; sgd: none. Keras' Adafactor
-    (keras/src/optimizers/adafactor.py `build`) keeps, for every variable, a full-size
-    `velocity` slot, plus for a variable of >= 2 dims the factored statistics r
-    (shape[:-1]) and c (shape[:-2] + shape[-1:]), and for a smaller one two scalars.
-    So Keras' Adafactor holds a little MORE than Lion, not less.
-    """
+def optimizer_state_bytes(optimizer: str, shapes, variable_bytes: int = 4, accumulation_steps: int = 1) -> int:
+    """Bytes of the optimizer's slots for variables of `shapes`: zoo.optimizer_state's exact
+    rule for adamw (= adam), lion and adafactor (Keras' Adafactor keeps a full-size velocity
+    besides its factored statistics, so a little MORE than Lion); sgd keeps none."""
     name = optimizer.lower()
     if name not in OPTIMIZERS:
         raise ValueError(f"Unknown optimizer {optimizer!r}; known: {', '.join(OPTIMIZERS)}.")
-    elements = sum(_numel(shape) for shape in shapes)
-    if name in ("adam", "adamw"):
-        return 2 * elements * variable_bytes
-    if name == "lion":
-        return elements * variable_bytes
     if name == "sgd":
         return 0
-    total = 0
-    for shape in shapes:
-        total += _numel(shape)
-        total += _numel(shape[:-1]) + _numel(shape[:-2] + shape[-1:]) if len(shape) >= 2 else 2
-    return total * variable_bytes
+    return optimizer_state.state_bytes("adamw" if name == "adam" else name, shapes, variable_bytes,
+                                       accumulation_steps)
 
 
 def loss_live_bytes(batch: int, sequence_length: int, vocab_size: int, chunk_size=None) -> int:
-    """Float32 logits, softmax and gradient alive at once in the LM loss (zoo.lm_loss.live_bytes at merge).
+    """Float32 logits, softmax and gradient alive at once in the causal-LM loss (zoo.lm_loss).
 
-    chunk_size None: the default chunk (`LOSS_CHUNK` positions); 0: the whole sequence at once.
+    chunk_size None: the loss's default chunk; 0: the whole sequence at once (unchunked).
     """
-    positions = sequence_length if chunk_size == 0 else min(chunk_size or LOSS_CHUNK, sequence_length)
-    return 3 * batch * positions * vocab_size * 4
+    return lm_loss.live_bytes(batch, sequence_length, vocab_size, chunk_size if chunk_size != 0 else sequence_length)
 
 
 # TensorFlow's own overhead ------------------------------------------------------
@@ -223,7 +208,8 @@ def split_config(checkpointing, fused=False) -> tuple:
 
 def estimate(spec, batch_size: int, sequence_length: int, precision: str = "float32",
              checkpointing="none", task=None, optimizer: str = "adamw", attention: str = "chunked",
-             chunk_size: int | None = None, fused: bool = False, loss_chunk: int | None = None) -> MemoryEstimate:
+             chunk_size: int | None = None, fused: bool = False, loss_chunk: int | None = None,
+             accumulation_steps: int = 1) -> MemoryEstimate:
     """Bytes one training step holds at its peak, by component: what the TF allocator's
     peak shows for a process that builds the model and the optimizer and trains.
 
@@ -240,6 +226,8 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
         fused: the optimizer step inside the backward pass, block by block (needs "full").
         loss_chunk: causal_lm only: positions per chunk of the LM loss; None: the default
             chunk, 0: the whole logits at once.
+        accumulation_steps: micro-batches per update; above 1 the optimizer keeps one
+            accumulator per variable.
 
     Returns:
         A `MemoryEstimate` (bytes per component and `.total`).
@@ -291,7 +279,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
     return MemoryEstimate(
         weights=params * vbytes,
         gradients=gradients,
-        optimizer=optimizer_state_bytes(optimizer, shapes, vbytes),
+        optimizer=optimizer_state_bytes(optimizer, shapes, vbytes, accumulation_steps),
         activations=int(activations),
         logits=int(logits),
         saved_extra=int(_saved_extra(s, b, seq, precision, policy)),

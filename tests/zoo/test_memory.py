@@ -242,7 +242,7 @@ def test_chunked_loss_holds_one_chunk_of_logits():
     chunked = memory.estimate("dec-1b", 2, 4096, "mixed_bfloat16", "full")
     whole = memory.estimate("dec-1b", 2, 4096, "mixed_bfloat16", "full", loss_chunk=0)
     assert whole.logits == 3 * 2 * 4096 * 32000 * 4
-    assert chunked.logits == 3 * 2 * memory.LOSS_CHUNK * 32000 * 4 < whole.logits
+    assert chunked.logits == 3 * 2 * zoo.lm_loss.loss_chunk(2, 4096, 32000) * 32000 * 4 < whole.logits
     assert memory.estimate("dec-1b", 2, 4096, loss_chunk=256).logits == whole.logits // 16
     with pytest.raises(ValueError, match="causal_lm"):
         memory.estimate("enc-base", 2, 128, task="masked_lm", loss_chunk=256)
