@@ -85,7 +85,13 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        steps = self.backward_peak + self.update_peak if self.fused else max(self.backward_peak, self.update_peak)
+        # Fused: the walk over the blocks (their gradients and updates) starts once the loss's logits
+        # are gone, while everything else of the backward's start is still alive; the block being
+        # recomputed is the one working set `activations` already counts.
+        if self.fused:
+            steps = self.backward_peak - self.logits + self.update_peak - self.recompute
+        else:
+            steps = max(self.backward_peak, self.update_peak)
         return self.weights + self.optimizer + steps
 
     def as_dict(self) -> dict:

@@ -61,3 +61,22 @@ def test_fused_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path, reci
     assert step == ref_step == STEPS and sorted(got) == sorted(expected)
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def test_auto_picks_the_fastest_configuration_that_fits():
+    from recipes.runner import resolve_auto
+    from zoo import memory
+
+    # the full-size model: the planner is arithmetic, nothing is built
+    recipe = recipes.get("dec-base", checkpointing="auto", batch_size=8, sequence_length=512, accumulation_steps=1)
+    e = {c: memory.estimate(recipe.spec, 8, 512, recipe.precision, c, task="causal_lm").total for c in memory.CONFIGS}
+    assert e["none"] > e["full"] > e["full+fused"]
+    picked = {budget: resolve_auto(recipe.replace(memory_budget=budget)) for budget in
+              (e["none"], e["full"], e["full+fused"])}
+    assert (picked[e["none"]].checkpointing, picked[e["none"]].fused) == ("none", False)
+    assert (picked[e["full"]].checkpointing, picked[e["full"]].fused) in {("full", False), ("selective", False)}
+    assert (picked[e["full+fused"]].checkpointing, picked[e["full+fused"]].fused) == ("full", True)
+    with pytest.raises(ValueError, match="smallest estimate is .* GiB \\(full\\+fused\\)"):
+        resolve_auto(recipe.replace(memory_budget=e["full+fused"] - 1))
+    with pytest.raises(ValueError, match="Cannot read 'lots' as a size: use e.g. 24GiB"):
+        recipe.replace(memory_budget="lots")
