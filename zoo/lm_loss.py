@@ -13,12 +13,14 @@ backward makes anyway.
 The chunks are a Python loop over the static sequence length (a graph `while_loop` with
 accumulators at vocab 32000 trips a Grappler bug on this stack: "AlreadyExistsError ...
 ArithmeticOptimizer/AddOpsRewrite .../tmp_var"). TF's executor runs whatever is ready, so
-each chunk's input is made to depend through data on the previous chunk's results: one
-chunk's [B, c, vocab] tensors are alive at a time.
+each chunk's input waits for the previous chunk's results (zoo.ordering): one chunk's
+[B, c, vocab] tensors are alive at a time.
 """
 
 import tensorflow as tf
 from tensorflow.python.eager import record
+
+from zoo.ordering import after
 
 DEFAULT_LOSS_CHUNK = 512  # positions per chunk; see loss_chunk and benchmarks/lm_loss.py
 CHUNK_LOGITS_BYTES = 256 * 2**20  # a cap on one chunk's float32 logits, B * c * vocab * 4 bytes
@@ -53,11 +55,6 @@ def _head_variables(head, hidden):
         vocab = head(hidden[:, :0]).shape[-1]
     variables = {v.ref(): v for v in watcher.watched_variables() if v.trainable}
     return list(variables.values()), vocab
-
-
-def _probe(*tensors):
-    """A float32 zero that depends on `tensors` through data (x + 0 * probe orders x after them)."""
-    return 0.0 * tf.add_n([tf.cast(tf.reshape(t, [-1])[0], tf.float32) for t in tensors])
 
 
 def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None):
@@ -102,9 +99,9 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None):
     @tf.custom_gradient
     def loss_fn(h):
         total, d_chunks, d_vars = tf.constant(0.0), [], [tf.zeros(v.shape, tf.float32) for v in variables]
-        after = tf.constant(0.0)
+        previous = ()
         for start in range(0, seq, c):
-            h_i = h[:, start:start + c] + tf.cast(after, h.dtype)
+            h_i = after(h[:, start:start + c], *previous)
             with tf.GradientTape(watch_accessed_variables=False) as tape:
                 tape.watch(h_i)
                 tape.watch(variables)
@@ -116,7 +113,7 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None):
             d_vars = [acc + tf.cast(tf.convert_to_tensor(g), tf.float32) for acc, g in zip(d_vars, grads)]
             total += chunk
             d_chunks.append(d_h)
-            after = _probe(d_h, total, *d_vars)  # the next chunk starts once this one's gradients exist
+            previous = (d_h, total, *d_vars)  # the next chunk starts once this one's gradients exist
         d_hidden = tf.concat(d_chunks, axis=1)
 
         def grad(d_loss, variables=None):

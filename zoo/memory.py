@@ -61,7 +61,8 @@ class MemoryEstimate:
     the start of the backward pass (activations + saved_extra + logits + head_gradient)
     or its end and the update (all gradients + the update's temporaries + recompute),
     whichever is larger. With `fused` the update happens during the backward pass, so the
-    two are added.
+    two are added, less the logits (gone before the walk over the blocks starts) and the
+    recomputed block (which `activations` already counts).
     """
 
     weights: int

@@ -11,14 +11,13 @@ from recipes.optim import AdamW
 from tests.zoo.test_fused import CLIP, assert_same_weights, batches, build, trained
 
 
-@pytest.mark.parametrize("family", ["llama", "bert"])
-def test_fused_equals_fit_bfloat16(family):
-    """Against `fit` under the same policy. The decoder's steps are bitwise equal; the encoder's
-    differ by bfloat16 rounding (~3e-3), from the order in which the masked-LM head's gathered
-    gradient is summed."""
-    reference, _ = trained(family, precision="mixed_bfloat16", clip=CLIP)
-    model, _ = trained(family, precision="mixed_bfloat16", clip=CLIP, fused="global")
-    assert_same_weights(model, reference, 1e-6 if family == "llama" else 2e-2)
+def test_fused_equals_fit_bfloat16():
+    """Against `fit` under the same policy, with a triggering clip: the decoder's steps are bitwise
+    equal. (The encoder's differ by bfloat16 rounding, ~3e-3 relative after 3 steps, from the order
+    in which the masked-LM head's gathered gradient is summed: docs/design-notes.md.)"""
+    reference, _ = trained("llama", precision="mixed_bfloat16", clip=CLIP)
+    model, _ = trained("llama", precision="mixed_bfloat16", clip=CLIP, fused="global")
+    assert_same_weights(model, reference, 1e-6)
 
 
 def test_float16_non_finite_step_changes_no_weight():

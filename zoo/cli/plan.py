@@ -4,8 +4,8 @@
 from zoo.memory import CONFIGS, GiB, choose, default_budget, estimate, largest_batch, parse_bytes
 
 # The estimate's components in `MemoryEstimate.as_dict()` order; total = weights + optimizer + the larger of
-# the backward's start (activ. + extra + logits + head grad) and its end (grads + update + recompute), or both
-# if fused.
+# the backward's start (activ. + extra + logits + head grad) and its end (grads + update + recompute); fused:
+# both, less the logits (gone before the walk) and the recomputed block (counted once).
 COLUMNS = ("weights", "grads", "optimizer", "activ.", "logits", "extra", "head grad", "update", "recompute",
            "total")
 
@@ -24,7 +24,7 @@ def _plan(args):
         print(f"{config:11s} {cells} {most:9d}")
     choice, e = choose(args.model, args.batch_size, args.sequence_length, budget, configs=configs, **options)
     print("total = weights + optimizer + max(activ. + extra + logits + head grad, grads + update + recompute); "
-          "fused: their sum")
+          "fused: their sum less logits and recompute")
     print(f"auto: {choice} ({e.total / GiB:.2f} GiB of {budget / GiB:.2f} GiB)")
     return 0
 
