@@ -118,18 +118,16 @@ class _Step:
 
     def walk(self, on_block):
         """Backward from the last block to the first; `on_block(variables, grads)` consumes each
-        block's gradients and returns tensors the next block waits for. Returns the embedding and
-        head gradients (both uses summed)."""
-        d, done = self.d_top, ()
+        block's gradients. Returns the embedding and head gradients (both uses summed)."""
+        d = self.d_top
         for i in reversed(range(len(self.blocks))):
-            # Block i's recomputation waits for the block above it, its gradient and what `on_block`
-            # made of its gradients (zoo.ordering): one block's gradients are alive at once.
-            x = after(self.inputs[i], d, *done)
+            # Block i's recomputation waits for the block above it (zoo.ordering): one block is live at once.
+            x = after(self.inputs[i], d)
             with tf.GradientTape() as tape:
                 tape.watch(x)
                 out = self.blocks[i].replay(x, self.mask, self.seeds[i])
             d, *grads = tape.gradient(out, [x, *self.block_vars[i]], output_gradients=d)
-            done = on_block(self.block_vars[i], self._unscaled(grads))
+            on_block(self.block_vars[i], self._unscaled(grads))
         stem_grads = self.stem_tape.gradient(self.first, self.outer_vars, output_gradients=d)
         outer = [a if b is None else (b if a is None else a + b) for a, b in zip(self.head_grads, stem_grads)]
         return self._unscaled(outer)
@@ -148,9 +146,8 @@ class _Step:
         squares = {}
 
         def add(variables, grads):
-            mine = {order[id(v)]: tf.reduce_sum(tf.square(g)) for v, g in zip(variables, grads) if g is not None}
-            squares.update(mine)
-            return tuple(mine.values())
+            squares.update({order[id(v)]: tf.reduce_sum(tf.square(g)) for v, g in zip(variables, grads)
+                            if g is not None})
 
         add(self.outer_vars, self.walk(add))
         norm = tf.sqrt(tf.reduce_sum(tf.stack([squares[i] for i in sorted(squares)])))
@@ -161,7 +158,7 @@ class _Step:
         def apply(variables, grads):
             pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
             if not pairs:
-                return ()
+                return
             grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
             if clip_scale is not None:  # exact global clipping, from the norm pass
                 grads = [g * tf.cast(clip_scale, g.dtype) for g in grads]
@@ -173,9 +170,6 @@ class _Step:
                 grads = self.inner._clip_gradients(grads)  # per-variable clipnorm / clipvalue (or none)
             self.inner._apply_weight_decay(variables)
             self.inner._backend_update_step(grads, variables, self.inner.learning_rate)
-            # Reads of the updated variables come after their updates (TF orders a resource's ops as
-            # written): the next block waits for them, so TF's executor cannot run ahead of the updates.
-            return tuple(tf.identity(v.value) for v in variables)
 
         apply(self.outer_vars, self.walk(apply))
         self.inner.iterations.assign_add(1)
