@@ -3,19 +3,13 @@
 started again ends bitwise equal to an uninterrupted run: the fused step keeps no state of
 its own beyond the model's and the optimizer's variables."""
 
-import json
-import os
-import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import recipes
-from recipes import state
-from tests.common import REPO, tiny_recipe
-from tests.recipes.test_resume import KILL_SCRIPT, final_state
+from tests.common import tiny_recipe
+from tests.recipes.test_resume import final_state, run_killed_at_step_4
 
 STEPS = 6
 
@@ -46,12 +40,7 @@ def test_fused_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path, reci
     assert len(losses) == 3 and losses[-1] < losses[0]
 
     killed = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
-    args = [sys.executable, "-c", KILL_SCRIPT, json.dumps(recipe.to_dict()), recipes_news, str(killed)]
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == -signal.SIGKILL, done.stdout[-2000:] + done.stderr[-3000:]
-    assert [step for step, _ in state.checkpoints(str(killed))] == [2]
+    run_killed_at_step_4(recipe, recipes_news, killed)
 
     capsys.readouterr()
     resumed = recipes.run(recipe, recipes_news, str(killed), column="text", verbose=0)

@@ -162,18 +162,23 @@ recipes.run(recipe, sys.argv[2], sys.argv[3], column="text", verbose=0)
 """
 
 
+def run_killed_at_step_4(recipe, data, out_dir):
+    """`recipe` in a child process that SIGKILLs itself inside the step-4 checkpoint write;
+    asserts it died so, with only the step-2 checkpoint complete."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    args = [sys.executable, "-c", KILL_SCRIPT, json.dumps(recipe.to_dict()), data, str(out_dir)]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == -signal.SIGKILL, done.stdout[-2000:] + done.stderr[-3000:]
+    assert [step for step, _ in state.checkpoints(str(out_dir))] == [2]
+
+
 def test_sigkill_inside_a_checkpoint_write_then_resume(tmp_path, recipes_news, recipes_vocab, reference, capsys):
     """Killed (SIGKILL) half-way through writing the step-4 checkpoint: the complete
     step-2 checkpoint is all a resumed run sees; it restarts at step 2, removes the
     half-written folder and ends equal to the uninterrupted run."""
-    recipe = make_recipe(recipes_vocab["llama"])
     killed = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
-    args = [sys.executable, "-c", KILL_SCRIPT, json.dumps(recipe.to_dict()), recipes_news, str(killed)]
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == -signal.SIGKILL, done.stdout[-2000:] + done.stderr[-3000:]
-    assert [step for step, _ in state.checkpoints(str(killed))] == [2]
+    run_killed_at_step_4(make_recipe(recipes_vocab["llama"]), recipes_news, killed)
     partial = leftovers(killed)
     assert len(partial) == 1 and partial[0].startswith(".step-000000004.tmp-"), partial  # killed inside the write
     assert os.listdir(killed / state.CHECKPOINTS / partial[0]) == ["model.safetensors"]
