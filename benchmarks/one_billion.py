@@ -63,7 +63,7 @@ def _estimate(model, batch, seq, precision, variant):
     from zoo import memory
 
     v = VARIANTS[variant]
-    task = "causal_lm" if model.startswith("dec") else "masked_lm"
+    task = memory.lookup(model).default_task
     return memory.estimate(model, batch, seq, precision, "full", task=task, optimizer=v["optimizer"],
                            fused=v["fused"], loss_chunk=v["loss_chunk"] if task == "causal_lm" else None).total
 

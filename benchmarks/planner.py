@@ -16,12 +16,10 @@ Peak RSS (the process, Python and TensorFlow's libraries included, never shrinki
 is printed beside it but is not what is compared.
 
 The optimizer is the recipes' setup: AdamW with global_clipnorm 1.0
-(`benchmarks/_training.py make_optimizer`, `--optimizer`). The loss is Keras'
-SparseCategoricalCrossentropy on whole logits (the models' compile path today), so
-causal-LM rows are predicted with `loss_chunk=0`; `--loss-chunk` passes another value
-to the estimate once the chunked loss is what the benchmark runs.
-"full+fused" calls `model.set_fused_update(True)` before compiling; it is left out of
-the default `--configs` until that API exists (the row reports the AttributeError).
+(`benchmarks/_training.py make_optimizer`, `--optimizer`). Causal-LM rows train with the
+loss chunk `--loss-chunk` (default: the chunked loss's own choice; 0: whole logits), and the
+estimate is given the same. "full+fused" calls `model.set_fused_update(True)` before
+compiling; `--configs none,selective,full,full+fused` includes it.
 
 A row is only started when its estimate plus `RUNTIME_RSS` fits the memory available
 (`_harness.run_if_it_fits`, with a guard on RSS): a 1B row needs ~21 GiB free, so on a 24 GiB
@@ -42,7 +40,7 @@ TOLERANCE = 0.10
 RUNTIME_RSS = 3 * GiB
 
 
-def measure(model, batch, seq, precision, config, steps, optimizer):
+def measure(model, batch, seq, precision, config, steps, optimizer, loss_chunk=None):
     """One row, in this (child) process."""
     import tensorflow as tf
     from _training import compiled_model, synthetic_batch, train_steps
@@ -50,7 +48,7 @@ def measure(model, batch, seq, precision, config, steps, optimizer):
     tf.config.experimental.reset_memory_stats("CPU:0")
     start = tf.config.experimental.get_memory_info("CPU:0")["current"]
     policy, fused = config.split("+")[0], config.endswith("+fused")
-    m = compiled_model(model, policy, precision, seq, optimizer=optimizer, fused=fused)
+    m = compiled_model(model, policy, precision, seq, optimizer=optimizer, fused=fused, loss_chunk=loss_chunk)
     built = tf.config.experimental.get_memory_info("CPU:0")
     x, y = synthetic_batch(model, batch, seq)
     times, _, losses = train_steps(m, x, y, steps)
@@ -67,7 +65,8 @@ def main():
     p.add_argument("--precisions", default="float32,mixed_bfloat16")
     p.add_argument("--configs", default="none,selective,full", help="none,selective,full[,full+fused]")
     p.add_argument("--optimizer", default="adamw", help="adamw, lion or adafactor (global_clipnorm 1.0)")
-    p.add_argument("--loss-chunk", type=int, default=0, help="the estimate's loss_chunk (0: whole logits)")
+    p.add_argument("--loss-chunk", type=int, default=None,
+                   help="causal LM: positions per loss chunk, trained and estimated (default: its own; 0: whole)")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--margin-gib", type=float, default=2.0, help="memory left free for the system")
     a = p.parse_args()
@@ -91,7 +90,8 @@ def main():
                     est = memory.estimate(model, batch, seq, precision, policy, task=task, optimizer=a.optimizer,
                                           fused=fused, loss_chunk=a.loss_chunk if task == "causal_lm" else None)
                     variant = {"model": model, "batch": batch, "seq": seq, "precision": precision, "config": config,
-                               "steps": a.steps, "optimizer": a.optimizer}
+                               "steps": a.steps, "optimizer": a.optimizer,
+                               "loss_chunk": a.loss_chunk if task == "causal_lm" else None}
                     row = {**variant, "task": task, "predicted_bytes": est.total, "estimate": est.as_dict()}
                     row.update(_harness.run_if_it_fits(variant, est.total + RUNTIME_RSS, budget))
                     rows.append(row)
