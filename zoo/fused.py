@@ -79,6 +79,10 @@ def check_optimizer(optimizer):
                          "the fused update off to train data-parallel.")
 
 
+def _tensors(grads):
+    return [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
+
+
 def _global_clip_scale(norm, clipnorm):
     """Keras' `clip_by_global_norm` factor: 1 below the threshold, clipnorm / norm above it."""
     return clipnorm * tf.minimum(1.0 / norm, 1.0 / clipnorm)
@@ -107,7 +111,8 @@ class _Step:
         for block in self.blocks:
             self.inputs.append(h)
             self.seeds.append(block.draw_seed())
-            h = block.replay(h, self.mask, self.seeds[-1])
+            with tf.control_dependencies([h]):
+                h = block.replay(h, self.mask, self.seeds[-1])
         with tf.GradientTape() as head_tape:
             head_tape.watch(h)
             loss, y_pred = model.training_loss(backbone.finish(h, training=True), x, y, sample_weight)
@@ -123,11 +128,12 @@ class _Step:
         for i in reversed(range(len(self.blocks))):
             # Block i's recomputation waits for the block above it (zoo.ordering): one block is live at once.
             x = after(self.inputs[i], d)
-            with tf.GradientTape() as tape:
+            with tf.GradientTape() as tape, tf.control_dependencies([x]):
                 tape.watch(x)
                 out = self.blocks[i].replay(x, self.mask, self.seeds[i])
             d, *grads = tape.gradient(out, [x, *self.block_vars[i]], output_gradients=d)
-            on_block(self.block_vars[i], self._unscaled(grads))
+            with tf.control_dependencies(_tensors(grads)):
+                on_block(self.block_vars[i], self._unscaled(grads))
         stem_grads = self.stem_tape.gradient(self.first, self.outer_vars, output_gradients=d)
         outer = [a if b is None else (b if a is None else a + b) for a, b in zip(self.head_grads, stem_grads)]
         return self._unscaled(outer)
