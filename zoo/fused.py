@@ -28,7 +28,6 @@ Gradient accumulation cannot be combined with it (there is no whole-step gradien
 up), nor, for now, a tf.distribute strategy with more than one replica.
 """
 
-import keras
 import tensorflow as tf
 from keras.optimizers import LossScaleOptimizer
 
@@ -225,9 +224,7 @@ def train_step(model, data, clip="global"):
     """`model.train_step` with the fused update (ZooModel.train_step calls it when enabled)."""
     check_model(model)
     check_optimizer(model.optimizer)
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    x = model.complete_inputs(x)
-    model.check_inputs(x)
+    x, y, sample_weight = training.unpack(model, data)
     if not model.optimizer.built:  # as Keras' apply() does on the first step
         model.optimizer.build(model.trainable_variables)
     step = _Step(model, clip)

@@ -28,7 +28,8 @@ LOGITS_COPIES = 3  # [B, c, vocab] float32 tensors alive in a chunk: logits, sof
 FLOAT16_SCALE = 2.0**10  # see chunked_lm_loss: float16 gradients made before the loss scale is known
 
 
-def _check_chunk(chunk_size):
+def check_chunk(chunk_size):
+    """A ValueError unless `chunk_size` is a positive int (None, the default, is checked by the caller)."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"Loss chunk_size must be a positive number of positions, got {chunk_size!r}; pass e.g. "
                          f"chunk_size={DEFAULT_LOSS_CHUNK}, or None for the default.")
@@ -38,7 +39,7 @@ def loss_chunk(batch, seq, vocab, chunk_size=None) -> int:
     """Positions per chunk: `chunk_size`, or DEFAULT_LOSS_CHUNK lowered until one chunk's
     float32 logits fit CHUNK_LOGITS_BYTES; never more than `seq`."""
     if chunk_size is not None:
-        _check_chunk(chunk_size)
+        check_chunk(chunk_size)
         return int(min(chunk_size, seq))
     by_bytes = CHUNK_LOGITS_BYTES // max(1, 4 * batch * vocab)
     return int(max(1, min(DEFAULT_LOSS_CHUNK, by_bytes, seq)))
@@ -76,7 +77,7 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None):
     >>> loss = chunked_lm_loss(backbone(x)["sequence_output"], model.lm_logits, y, chunk_size=256)
     """
     if chunk_size is not None:
-        _check_chunk(chunk_size)
+        check_chunk(chunk_size)
     hidden = tf.convert_to_tensor(hidden)
     labels = tf.convert_to_tensor(labels)
     seq = hidden.shape[1]

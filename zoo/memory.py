@@ -34,7 +34,8 @@ MiB = 1024**2
 
 # What `checkpointing="auto"` tries, fastest first.
 CONFIGS = ("none", "selective", "full", "full+fused")
-OPTIMIZERS = ("adamw", "adam", "lion", "adafactor", "sgd")
+# What recipes train with, and what a plain Keras model may be compiled with ("adam" keeps AdamW's state).
+OPTIMIZERS = optimizer_state.OPTIMIZERS + ("adam", "sgd")
 MASKED_FRACTION = 0.15  # BERT's masked-LM rate: the positions a masked_lm head computes logits for
 
 

@@ -27,12 +27,18 @@ def metrics(model, x, y, y_pred, sample_weight):
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
-def backbone_step(model, data):
-    """Keras' train_step, except that the loss comes from `model.training_loss` on the
-    backbone's outputs."""
+def unpack(model, data):
+    """(x, y, sample_weight) of a batch, with the model's optional inputs filled in and checked."""
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     x = model.complete_inputs(x)
     model.check_inputs(x)
+    return x, y, sample_weight
+
+
+def backbone_step(model, data):
+    """Keras' train_step, except that the loss comes from `model.training_loss` on the
+    backbone's outputs."""
+    x, y, sample_weight = unpack(model, data)
     with tf.GradientTape() as tape:
         outputs = model.backbone({name: x[name] for name in model.backbone.input}, training=True)
         loss, y_pred = model.training_loss(outputs, x, y, sample_weight)

@@ -1,7 +1,7 @@
 """`zoo plan MODEL`: a training step's estimated memory for each configuration, the one
 `checkpointing="auto"` picks under a budget, and the largest batch each one fits."""
 
-from zoo.memory import CONFIGS, GiB, choose, default_budget, estimate, largest_batch, parse_bytes
+from zoo.memory import CONFIGS, OPTIMIZERS, GiB, choose, default_budget, estimate, largest_batch, parse_bytes
 
 # The estimate's components in `MemoryEstimate.as_dict()` order; total = weights + optimizer + the larger of
 # the backward's start (activ. + extra + logits + head grad) and its end (grads + update + recompute); fused:
@@ -36,7 +36,7 @@ def register(subparsers):
     p.add_argument("--sequence-length", type=int, default=512)
     p.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16", "mixed_float16"])
     p.add_argument("--task", default=None, help="the task head (default: the family's)")
-    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "lion", "adafactor", "sgd"])
+    p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     p.add_argument("--budget", default=None, help="e.g. 24GiB (default: the device's memory, or RAM on CPU)")
     p.add_argument("--checkpointing", default=None, help="one configuration only (none, selective, full, full+fused)")
     p.set_defaults(func=_plan)

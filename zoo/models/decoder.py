@@ -8,7 +8,7 @@ from keras import ops
 from keras_hub.layers import ReversibleEmbedding
 
 from zoo.layers.initializers import init
-from zoo.lm_loss import chunked_lm_loss, loss_chunk
+from zoo.lm_loss import check_chunk, chunked_lm_loss
 from zoo.models.base import ZooModel, as_spec, make_blocks, token_inputs
 
 
@@ -77,7 +77,7 @@ class DecoderCausalLM(ZooModel):
         would need the logits); otherwise `fit` computes the whole logits as Keras does.
         """
         if chunk_size not in (None, 0):
-            chunk_size = loss_chunk(1, chunk_size, 1, chunk_size)  # checks it
+            check_chunk(chunk_size)
         self.loss_chunk = chunk_size
         self._drop_compiled_functions()
         return chunk_size
