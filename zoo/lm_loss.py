@@ -103,7 +103,8 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None):
         previous = ()
         for start in range(0, seq, c):
             h_i = after(h[:, start:start + c], *previous)
-            with tf.GradientTape(watch_accessed_variables=False) as tape:
+            # The head's weight reads (and casts) wait for the chunk too, or every chunk's would be made at once.
+            with tf.GradientTape(watch_accessed_variables=False) as tape, tf.control_dependencies([h_i]):
                 tape.watch(h_i)
                 tape.watch(variables)
                 per = tf.nn.sparse_softmax_cross_entropy_with_logits(
