@@ -24,6 +24,11 @@ Clipping:
                algorithm: only ever chosen explicitly.
 An optimizer's per-variable `clipnorm` or `clipvalue` is exact in both.
 
+Order: a variable read depends on nothing but earlier writes to its variable, so TF's executor
+would make every block's weight reads (and bfloat16 casts) and every update's reads at the start
+of the step and hold them: the memory of all gradients again. Each forward block and replay waits
+for its input, and each update for its block's gradients (docs/design-notes.md).
+
 Gradient accumulation cannot be combined with it (there is no whole-step gradient to add
 up), nor, for now, a tf.distribute strategy with more than one replica.
 """
@@ -110,7 +115,7 @@ class _Step:
         for block in self.blocks:
             self.inputs.append(h)
             self.seeds.append(block.draw_seed())
-            with tf.control_dependencies([h]):
+            with tf.control_dependencies([h]):  # its weight reads too (module docstring: Order)
                 h = block.replay(h, self.mask, self.seeds[-1])
         with tf.GradientTape() as head_tape:
             head_tape.watch(h)
@@ -131,7 +136,7 @@ class _Step:
                 tape.watch(x)
                 out = self.blocks[i].replay(x, self.mask, self.seeds[i])
             d, *grads = tape.gradient(out, [x, *self.block_vars[i]], output_gradients=d)
-            with tf.control_dependencies(_tensors(grads)):
+            with tf.control_dependencies(_tensors(grads)):  # the update's reads and decay wait too
                 on_block(self.block_vars[i], self._unscaled(grads))
         stem_grads = self.stem_tape.gradient(self.first, self.outer_vars, output_gradients=d)
         outer = [a if b is None else (b if a is None else a + b) for a, b in zip(self.head_grads, stem_grads)]

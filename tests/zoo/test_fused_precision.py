@@ -41,18 +41,20 @@ def test_float16_non_finite_step_changes_no_weight():
 VOCAB_BIG = 16000  # [4, 256, 16000] float32 logits: 62.5 MiB
 
 
-def step_peak(fused, loss_chunk):
+def step_peak(fused, loss_chunk, num_layers=4, hidden_dim=128, vocab_size=VOCAB_BIG, batch=4, seq=256,
+              precision="float32"):
     """Allocator peak of a compiled training step (after tracing), above what was allocated before."""
     keras.utils.set_random_seed(0)
-    model = zoo.get("dec-base", checkpointing="full", task="causal_lm", num_layers=4, hidden_dim=128, num_heads=4,
-                    num_kv_heads=2, intermediate_dim=512, vocab_size=VOCAB_BIG)
+    model = zoo.get("dec-base", checkpointing="full", task="causal_lm", num_layers=num_layers, hidden_dim=hidden_dim,
+                    num_heads=4, num_kv_heads=2, intermediate_dim=4 * hidden_dim, vocab_size=vocab_size,
+                    dtype=precision)
     model.set_loss_chunk(loss_chunk)
     if fused:
         model.set_fused_update(True)
     model.compile(optimizer=AdamW(1e-3, global_clipnorm=1.0),
                   loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, jit_compile=False)
-    ids = np.random.default_rng(0).integers(0, VOCAB_BIG, (4, 257)).astype("int32")
-    x, y = {"token_ids": ids[:, :-1], "padding_mask": np.ones((4, 256), "int32")}, ids[:, 1:]
+    ids = np.random.default_rng(0).integers(0, vocab_size, (batch, seq + 1)).astype("int32")
+    x, y = {"token_ids": ids[:, :-1], "padding_mask": np.ones((batch, seq), "int32")}, ids[:, 1:]
     model.train_on_batch(x, y)
     tf.config.experimental.reset_memory_stats("CPU:0")
     start = tf.config.experimental.get_memory_info("CPU:0")["current"]
@@ -65,3 +67,17 @@ def test_fused_and_chunked_step_holds_less_than_full_alone():
     lean = step_peak(fused=True, loss_chunk=32)
     # neither the whole logits nor the blocks' gradients all at once
     assert lean < 0.75 * full, (lean, full)  # measured 0.38-0.54 (the allocator rounds chunks)
+
+
+def test_fused_step_memory_does_not_grow_with_depth():
+    """Weights-heavy shape (activations are ~0.1% of a block's weights): going from 2 to 8 layers, the
+    fused step adds far less than one block's float32 weights, where Keras' step adds each block's
+    gradients. (Before each replay and update waited for its turn, TF's executor made every block's
+    bfloat16 weight casts and weight-decay products at the start of the step: at dec-1b that held
+    0.17 GiB per layer, docs/design-notes.md.)"""
+    shape = dict(hidden_dim=256, vocab_size=64, batch=2, seq=16, precision="mixed_bfloat16", loss_chunk=None)
+    block_bytes = 4 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 1024)  # q, o; k, v (2 of 4 heads); gated ffn
+    fused = step_peak(True, num_layers=8, **shape) - step_peak(True, num_layers=2, **shape)
+    full = step_peak(False, num_layers=8, **shape) - step_peak(False, num_layers=2, **shape)
+    assert full > 5 * block_bytes, (full, block_bytes)  # six more blocks' gradients
+    assert fused < 0.5 * block_bytes, (fused, block_bytes)
