@@ -31,10 +31,15 @@ def make_optimizer(name="adam", clip=1.0):
     raise ValueError(f"Unknown optimizer {name!r}; known: adam, adamw, lion, adafactor.")
 
 
+def pretraining_task(model) -> str:
+    """What the benchmarks train a model for: masked LM (BERT) or causal LM (Llama)."""
+    return "masked_lm" if zoo.spec(model).family == "bert" else "causal_lm"
+
+
 def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=None, optimizer="adam", fused=False,
                    loss_chunk=None, clip=1.0):
     spec = zoo.spec(model)
-    task = "masked_lm" if spec.family == "bert" else "causal_lm"
+    task = pretraining_task(model)
     # BERT has 512 learned positions: longer sequences get a model with more of them.
     overrides = {"max_sequence_length": seq} if seq > spec.max_sequence_length else {}
     keras.utils.set_random_seed(0)  # same weights and data in every variant

@@ -60,10 +60,12 @@ def measure(model, batch, seq, precision, steps, optimizer, fused, loss_chunk, c
 
 
 def _estimate(model, batch, seq, precision, variant):
+    from _training import pretraining_task
+
     from zoo import memory
 
     v = VARIANTS[variant]
-    task = memory.lookup(model).default_task
+    task = pretraining_task(model)  # what the child trains (the spec's default for BERT is the bare backbone)
     return memory.estimate(model, batch, seq, precision, "full", task=task, optimizer=v["optimizer"],
                            fused=v["fused"], loss_chunk=v["loss_chunk"] if task == "causal_lm" else None).total
 

@@ -71,6 +71,8 @@ def main():
     p.add_argument("--margin-gib", type=float, default=2.0, help="memory left free for the system")
     a = p.parse_args()
 
+    from _training import pretraining_task
+
     from zoo import memory
 
     budget = _harness.available_bytes() - int(a.margin_gib * GiB)
@@ -80,7 +82,7 @@ def main():
     rows = []
     for model in a.models.split(","):
         spec = memory.lookup(model)
-        task = "masked_lm" if spec.family == "bert" else "causal_lm"
+        task = pretraining_task(model)
         shapes = a.shapes or ("1x128" if spec.num_params() > 5e8 else "2x256")
         for shape in shapes.split(","):
             batch, seq = map(int, shape.split("x"))
