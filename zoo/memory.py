@@ -61,9 +61,10 @@ class MemoryEstimate:
     `total` is the peak of a step's two phases, on top of weights and optimizer state:
     the start of the backward pass (activations + saved_extra + logits + head_gradient)
     or its end and the update (all gradients + the update's temporaries + recompute),
-    whichever is larger. With `fused` the update happens during the backward pass, so the
-    two are added, less the logits (gone before the walk over the blocks starts) and the
-    recomputed block (which `activations` already counts).
+    whichever is larger. With `fused` the update happens during the backward pass: its second
+    phase is the walk over the blocks, where the saved inputs and one recomputed block
+    (`activations`, `saved_extra`) live beside one block's gradients, the embedding's and
+    head's (`gradients`, which include the head's first gradient) and the update's temporaries.
     """
 
     weights: int
@@ -86,14 +87,13 @@ class MemoryEstimate:
         return self.gradients + self.update + self.recompute
 
     @property
+    def walk_peak(self) -> int:
+        """Fused: block i recomputed and updated (the logits are gone by then)."""
+        return self.activations + self.saved_extra + self.gradients + self.update
+
+    @property
     def total(self) -> int:
-        # Fused: the walk over the blocks (their gradients and updates) starts once the loss's logits
-        # are gone, while everything else of the backward's start is still alive; the block being
-        # recomputed is the one working set `activations` already counts.
-        if self.fused:
-            steps = self.backward_peak - self.logits + self.update_peak - self.recompute
-        else:
-            steps = max(self.backward_peak, self.update_peak)
+        steps = max(self.backward_peak, self.walk_peak if self.fused else self.update_peak)
         return self.weights + self.optimizer + steps
 
     def as_dict(self) -> dict:

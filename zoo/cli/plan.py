@@ -5,7 +5,7 @@ from zoo.memory import CONFIGS, OPTIMIZERS, GiB, choose, default_budget, estimat
 
 # The estimate's components in `MemoryEstimate.as_dict()` order; total = weights + optimizer + the larger of
 # the backward's start (activ. + extra + logits + head grad) and its end (grads + update + recompute); fused:
-# both, less the logits (gone before the walk) and the recomputed block (counted once).
+# the larger of the backward's start and the walk over the blocks (activ. + extra + grads + update).
 COLUMNS = ("weights", "grads", "optimizer", "activ.", "logits", "extra", "head grad", "update", "recompute",
            "total")
 
@@ -24,7 +24,7 @@ def _plan(args):
         print(f"{config:11s} {cells} {most:9d}")
     choice, e = choose(args.model, args.batch_size, args.sequence_length, budget, configs=configs, **options)
     print("total = weights + optimizer + max(activ. + extra + logits + head grad, grads + update + recompute); "
-          "fused: their sum less logits and recompute")
+          "fused: max(the same start, activ. + extra + grads + update)")
     print(f"auto: {choice} ({e.total / GiB:.2f} GiB of {budget / GiB:.2f} GiB)")
     return 0
 
