@@ -99,7 +99,7 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None):
 
     @tf.custom_gradient
     def loss_fn(h):
-        total, d_chunks, d_vars = tf.constant(0.0), [], [tf.zeros(v.shape, tf.float32) for v in variables]
+        total, d_chunks, d_vars = tf.constant(0.0), [], None  # the first chunk's gradients start the sums
         previous = ()
         for start in range(0, seq, c):
             h_i = after(h[:, start:start + c], *previous)
@@ -112,7 +112,8 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None):
                 chunk = tf.reduce_sum(per if weights is None else per * weights[:, start:start + c])
                 scaled = chunk * (scale * inner)
             d_h, *grads = tape.gradient(scaled, [h_i, *variables], unconnected_gradients="zero")
-            d_vars = [acc + tf.cast(tf.convert_to_tensor(g), tf.float32) for acc, g in zip(d_vars, grads)]
+            grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
+            d_vars = grads if d_vars is None else [acc + g for acc, g in zip(d_vars, grads)]
             total += chunk
             d_chunks.append(d_h)
             previous = (d_h, total, *d_vars)  # the next chunk starts once this one's gradients exist

@@ -7,16 +7,30 @@ constant folding (0 * d is a constant zero when the shapes match). What survives
 trick in `tf.recompute_grad`: a zero that depends on d's value through a comparison Grappler
 cannot decide (`where(b == b, 0, nan)` of d's first element cast to bool; NaN casts to True, so
 the zero is a zero whatever d holds).
+
+The same zero, broadcast, makes large zeros that Grappler cannot fold into constants
+(`unfolded_zeros`).
 """
 
 import tensorflow as tf
+
+
+def _zero(*deps):
+    """A float32 scalar 0 that Grappler cannot compute ahead of `deps`."""
+    first = [tf.reduce_max(tf.cast(tf.reshape(d, [-1])[:1], tf.float32)) for d in deps]
+    flag = tf.cast(tf.add_n(first), tf.bool)
+    return tf.where(tf.equal(flag, flag), 0.0, float("nan"))
 
 
 def after(x, *deps):
     """`x`, available only once every tensor of `deps` exists (a data dependency; values unchanged)."""
     if not deps:
         return x
-    first = [tf.reduce_max(tf.cast(tf.reshape(d, [-1])[:1], tf.float32)) for d in deps]
-    flag = tf.cast(tf.add_n(first), tf.bool)
-    zero = tf.where(tf.equal(flag, flag), 0.0, float("nan"))
-    return x + tf.cast(zero, x.dtype)
+    return x + tf.cast(_zero(*deps), x.dtype)
+
+
+def unfolded_zeros(shape, dtype, like):
+    """Zeros of `shape` made when the step runs. `tf.zeros` of a static shape is folded by Grappler
+    into a graph constant, whose buffer lives as long as the function: a loop accumulator of a
+    layer's size, once per layer and per recomputation, stayed allocated for the whole run."""
+    return tf.broadcast_to(tf.cast(_zero(like), dtype), shape)

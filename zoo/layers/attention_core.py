@@ -26,6 +26,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from zoo.layers.dropout import replica_uniform
+from zoo.ordering import unfolded_zeros
 
 CORES = ("chunked", "plain")
 DEFAULT_CHUNK = 512  # a [B, H, 512, 512] float32 tile: 1 MiB per batch row and head
@@ -116,11 +117,11 @@ def plain_attention(query, key, value, key_mask=None, causal=False, query_offset
     probs = tf.cast(tf.nn.softmax(scores, axis=-1), value.dtype)
     if rate and seed is not None:
         keep = _whole_keep(seed, batch, num_heads, query_length, key_length, rate, chunk_size)
-        probs = tf.where(keep, probs / tf.cast(1.0 - rate, probs.dtype), tf.zeros_like(probs))
+        probs = tf.where(keep, probs / tf.cast(1.0 - rate, probs.dtype), tf.zeros([], probs.dtype))
     out = tf.einsum("bhst,bthd->bshd", probs, value)
     if allowed is not None:  # a query with no key to attend to outputs zeros, as in the chunked core
         has_key = tf.transpose(tf.reduce_any(allowed, axis=-1), [0, 2, 1])[..., None]  # [B or 1, S, 1, 1]
-        out = tf.where(has_key, out, tf.zeros_like(out))
+        out = tf.where(has_key, out, tf.zeros([], out.dtype))
     return out
 
 
@@ -228,7 +229,7 @@ def _forward(t: _Tiles):
             return j + 1, m_new, total, acc * (kept / total)[..., None] + tf.cast(pv, tf.float32)
 
         m0 = tf.fill(stats_shape, float("-inf"))
-        acc0 = tf.zeros(tf.concat([stats_shape, [t.head_dim]], 0), tf.float32)
+        acc0 = unfolded_zeros(tf.concat([stats_shape, [t.head_dim]], 0), tf.float32, q)
         _, m, total, acc = tf.while_loop(
             lambda j, *_: j < t.key_chunks_for(i), key_chunk,
             (tf.constant(0), m0, tf.zeros(stats_shape, tf.float32), acc0), parallel_iterations=1,
@@ -255,7 +256,7 @@ def _backward(t: _Tiles, out, lse, d_out):
     d_rows = tf.reduce_sum(tf.cast(d_out, tf.float32) * tf.reshape(out, grouped), axis=-1)
     d_rows = tf.transpose(t.chunks(d_rows, t.cq, t.nq), [0, 1, 3, 4, 2])  # [nq, B, KV, G, cq]
     d_out = t.chunks(d_out, t.cq, t.nq)  # [nq, B, cq, KV, G, D]
-    zeros_kv = tf.zeros(tf.concat([[t.nk], tf.shape(t.k)[1:]], 0), tf.float32)
+    zeros_kv = unfolded_zeros(tf.concat([[t.nk], tf.shape(t.k)[1:]], 0), tf.float32, d_out)
 
     def query_chunk(i, d_queries, d_keys, d_values):
         do, lse_i, d_row = d_out[i], lse[i], d_rows[i]
@@ -281,7 +282,7 @@ def _backward(t: _Tiles, out, lse, d_out):
 
         _, d_q, d_keys, d_values = tf.while_loop(
             lambda j, *_: j < t.key_chunks_for(i), key_chunk,
-            (tf.constant(0), tf.zeros(tf.shape(q), tf.float32), d_keys, d_values), parallel_iterations=1,
+            (tf.constant(0), unfolded_zeros(tf.shape(q), tf.float32, q), d_keys, d_values), parallel_iterations=1,
         )
         return i + 1, d_queries.write(i, tf.cast(d_q, t.dtype)), d_keys, d_values
 

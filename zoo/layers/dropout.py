@@ -47,4 +47,6 @@ def stateless_dropout(x, rate, seed, site=0):
         return x
     seed = tf.random.experimental.stateless_fold_in(seed, site)
     keep = replica_uniform(tf.shape(x), seed) >= rate
-    return tf.where(keep, x / tf.cast(1.0 - rate, x.dtype), tf.zeros_like(x))
+    # A scalar 0, broadcast: Grappler folds `zeros_like` of a static shape into a constant that lives
+    # as long as the function (one per dropout site and layer).
+    return tf.where(keep, x / tf.cast(1.0 - rate, x.dtype), tf.zeros([], x.dtype))
