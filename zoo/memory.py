@@ -61,10 +61,11 @@ class MemoryEstimate:
     `total` is the peak of a step's two phases, on top of weights and optimizer state:
     the start of the backward pass (activations + saved_extra + logits + head_gradient)
     or its end and the update (all gradients + the update's temporaries + recompute),
-    whichever is larger. With `fused` the update happens during the backward pass: its second
-    phase is the walk over the blocks, where the saved inputs and one recomputed block
-    (`activations`, `saved_extra`) live beside one block's gradients, the embedding's and
-    head's (`gradients`, which include the head's first gradient) and the update's temporaries.
+    whichever is larger. With `fused` the update happens during the backward pass: the walk
+    over the blocks holds the saved inputs and one recomputed block (`activations`,
+    `saved_extra`) beside one block's gradients, the embedding's and head's (`gradients`, which
+    include the head's first gradient) and that block's update temporaries (`block_update`);
+    the embedding's and head's own update comes last, with `update`'s temporaries.
     """
 
     weights: int
@@ -77,6 +78,7 @@ class MemoryEstimate:
     update: int = 0
     recompute: int = 0
     fused: bool = False
+    block_update: int = 0
 
     @property
     def backward_peak(self) -> int:
@@ -89,16 +91,19 @@ class MemoryEstimate:
     @property
     def walk_peak(self) -> int:
         """Fused: block i recomputed and updated (the logits are gone by then)."""
-        return self.activations + self.saved_extra + self.gradients + self.update
+        return self.activations + self.saved_extra + self.gradients + self.block_update
 
     @property
     def total(self) -> int:
-        steps = max(self.backward_peak, self.walk_peak if self.fused else self.update_peak)
+        if self.fused:  # the start, the walk, and the embedding's and head's update at the end
+            steps = max(self.backward_peak, self.walk_peak, self.gradients + self.update)
+        else:
+            steps = max(self.backward_peak, self.update_peak)
         return self.weights + self.optimizer + steps
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        del out["fused"]
+        del out["fused"], out["block_update"]
         return {**out, "total": self.total}
 
     def table(self) -> str:
@@ -295,6 +300,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
         update=_update_bytes(shapes, vbytes, optimizer),
         recompute=int(per_layer_full + _saved_extra(s, b, seq, precision, "full") + working) if policy == "full" else 0,
         fused=fused,
+        block_update=_update_bytes(block_shapes(s), vbytes, optimizer) if fused else 0,
     )
 
 

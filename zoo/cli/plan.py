@@ -5,7 +5,8 @@ from zoo.memory import CONFIGS, OPTIMIZERS, GiB, choose, default_budget, estimat
 
 # The estimate's components in `MemoryEstimate.as_dict()` order; total = weights + optimizer + the larger of
 # the backward's start (activ. + extra + logits + head grad) and its end (grads + update + recompute); fused:
-# the larger of the backward's start and the walk over the blocks (activ. + extra + grads + update).
+# the largest of the backward's start, the walk over the blocks (activ. + extra + grads + one block's update
+# temporaries) and the embedding's and head's update at the end (grads + update).
 COLUMNS = ("weights", "grads", "optimizer", "activ.", "logits", "extra", "head grad", "update", "recompute",
            "total")
 
@@ -24,7 +25,7 @@ def _plan(args):
         print(f"{config:11s} {cells} {most:9d}")
     choice, e = choose(args.model, args.batch_size, args.sequence_length, budget, configs=configs, **options)
     print("total = weights + optimizer + max(activ. + extra + logits + head grad, grads + update + recompute); "
-          "fused: max(the same start, activ. + extra + grads + update)")
+          "fused: max(the same start, activ. + extra + grads + a block's update, grads + update)")
     print(f"auto: {choice} ({e.total / GiB:.2f} GiB of {budget / GiB:.2f} GiB)")
     return 0
 
