@@ -27,7 +27,9 @@ An optimizer's per-variable `clipnorm` or `clipvalue` is exact in both.
 Order: a variable read depends on nothing but earlier writes to its variable, so TF's executor
 would make every block's weight reads (and bfloat16 casts) and every update's reads at the start
 of the step and hold them: the memory of all gradients again. Each forward block and replay waits
-for its input, and each update for its block's gradients (docs/design-notes.md).
+for its input, and each update for its block's gradients (docs/design-notes.md). Nothing makes an
+update finish before the next block's gradients are taken either, so under load a few blocks'
+updates fell behind, each holding its gradients; each replay also waits for the update above it.
 
 Gradient accumulation cannot be combined with it (there is no whole-step gradient to add
 up), nor, for now, a tf.distribute strategy with more than one replica.
@@ -127,17 +129,19 @@ class _Step:
 
     def walk(self, on_block):
         """Backward from the last block to the first; `on_block(variables, grads)` consumes each
-        block's gradients. Returns the embedding and head gradients (both uses summed)."""
-        d = self.d_top
+        block's gradients and returns tensors that exist once it is done with them. Returns the
+        embedding and head gradients (both uses summed)."""
+        d, done = self.d_top, []
         for i in reversed(range(len(self.blocks))):
-            # Block i's recomputation waits for the block above it (zoo.ordering): one block is live at once.
-            x = after(self.inputs[i], d)
+            # Block i's recomputation waits for the block above it, its input gradient and the end of
+            # its update (zoo.ordering): one block is live at once, and one block's gradients.
+            x = after(self.inputs[i], d, *done)
             with tf.GradientTape() as tape, tf.control_dependencies([x]):
                 tape.watch(x)
                 out = self.blocks[i].replay(x, self.mask, self.seeds[i])
             d, *grads = tape.gradient(out, [x, *self.block_vars[i]], output_gradients=d)
             with tf.control_dependencies(_tensors(grads)):  # the update's reads and decay wait too
-                on_block(self.block_vars[i], self._unscaled(grads))
+                done = on_block(self.block_vars[i], self._unscaled(grads))
         stem_grads = self.stem_tape.gradient(self.first, self.outer_vars, output_gradients=d)
         outer = [a if b is None else (b if a is None else a + b) for a, b in zip(self.head_grads, stem_grads)]
         return self._unscaled(outer)
@@ -156,8 +160,9 @@ class _Step:
         squares = {}
 
         def add(variables, grads):
-            squares.update({order[id(v)]: tf.reduce_sum(tf.square(g)) for v, g in zip(variables, grads)
-                            if g is not None})
+            sums = {order[id(v)]: tf.reduce_sum(tf.square(g)) for v, g in zip(variables, grads) if g is not None}
+            squares.update(sums)
+            return list(sums.values())
 
         add(self.outer_vars, self.walk(add))
         norm = tf.sqrt(tf.reduce_sum(tf.stack([squares[i] for i in sorted(squares)])))
@@ -168,7 +173,7 @@ class _Step:
         def apply(variables, grads):
             pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
             if not pairs:
-                return
+                return []
             grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
             if clip_scale is not None:  # exact global clipping, from the norm pass
                 grads = [g * tf.cast(clip_scale, g.dtype) for g in grads]
@@ -180,6 +185,7 @@ class _Step:
                 grads = self.inner._clip_gradients(grads)  # per-variable clipnorm / clipvalue (or none)
             self.inner._apply_weight_decay(variables)
             self.inner._backend_update_step(grads, variables, self.inner.learning_rate)
+            return [v.value.read_value() for v in variables]  # read after the writes: the update is done
 
         apply(self.outer_vars, self.walk(apply))
         self.inner.iterations.assign_add(1)

@@ -254,10 +254,20 @@ def test_chunked_loss_holds_one_chunk_of_logits():
 
 
 def test_optimizer_states_order():
-    e = {o: memory.estimate("enc-base", 2, 128, optimizer=o).optimizer for o in ("sgd", "lion", "adafactor", "adamw")}
+    e = {o: memory.estimate("enc-base", 2, 128, "float32", "full", optimizer=o, fused=True).optimizer
+         for o in ("sgd", "lion", "adafactor", "adamw")}
     # Keras' Adafactor keeps a full-size velocity besides its factored statistics: a little above Lion.
     assert e["sgd"] < e["lion"] < e["adafactor"] < e["adamw"]
     assert e["adafactor"] < 1.01 * e["lion"]
+
+
+def test_lion_outside_the_fused_step_holds_two_momentum_products():
+    """Keras' Lion makes m·β1 and m·β2 from the momentum alone: ahead of the gradients in Keras'
+    own step, for every variable; the fused update waits for each block's gradients."""
+    params = zoo.spec("enc-base").num_params()
+    plain, fused = (memory.estimate("enc-base", 2, 128, "float32", "full", optimizer="lion", fused=f) for f in (0, 1))
+    assert plain.optimizer - fused.optimizer == 2 * 4 * params
+    assert fused.update == 2 * plain.update  # four temporaries of a variable at once, not two
 
 
 def test_choose_takes_the_fastest_config_that_fits():
