@@ -3,7 +3,7 @@ allocator peak, one fresh process per row.
 
     python benchmarks/planner.py                                   # every size, both families (1B rows need ~21 GiB)
     python benchmarks/planner.py --models enc-base,dec-base --shapes 2x256 --precisions float32
-    python benchmarks/planner.py --configs none,selective,full,full+fused   # once set_fused_update exists
+    python benchmarks/planner.py --models enc-base --optimizer lion --precisions mixed_bfloat16
 
 Measured ("allocator peak"): in a fresh process, `reset_memory_stats("CPU:0")`,
 then build the model, build the optimizer, make the batch and take `--steps`
@@ -19,7 +19,7 @@ The optimizer is the recipes' setup: AdamW with global_clipnorm 1.0
 (`benchmarks/_training.py make_optimizer`, `--optimizer`). Causal-LM rows train with the
 loss chunk `--loss-chunk` (default: the chunked loss's own choice; 0: whole logits), and the
 estimate is given the same. "full+fused" calls `model.set_fused_update(True)` before
-compiling; `--configs none,selective,full,full+fused` includes it.
+compiling; it is one of the default configs.
 
 A row is only started when its estimate plus `RUNTIME_RSS` fits the memory available
 (`_harness.run_if_it_fits`, with a guard on RSS): a 1B row needs ~21 GiB free, so on a 24 GiB
@@ -63,7 +63,7 @@ def main():
     p.add_argument("--models", default="enc-mini,enc-base,enc-large,enc-1b,dec-base,dec-large,dec-1b")
     p.add_argument("--shapes", default=None, help="BATCHxSEQ,... (default: 2x256, 1x128 for the 1B models)")
     p.add_argument("--precisions", default="float32,mixed_bfloat16")
-    p.add_argument("--configs", default="none,selective,full", help="none,selective,full[,full+fused]")
+    p.add_argument("--configs", default="none,selective,full,full+fused", help="some of none,selective,full,full+fused")
     p.add_argument("--optimizer", default="adamw", help="adamw, lion or adafactor (global_clipnorm 1.0)")
     p.add_argument("--loss-chunk", type=int, default=None,
                    help="causal LM: positions per loss chunk, trained and estimated (default: its own; 0: whole)")
