@@ -266,7 +266,8 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
     shapes = variable_shapes(s, task)
     params = sum(_numel(shape) for shape in shapes)
     vbytes = _variable_bytes(precision)
-    block_params = sum(_numel(shape) for shape in block_shapes(s))
+    block = block_shapes(s)
+    block_params = sum(_numel(shape) for shape in block)
 
     check_core(attention)
     b, seq, h, a = batch_size, sequence_length, s.hidden_dim, s.num_heads
@@ -313,7 +314,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
         update=_update_bytes(shapes, vbytes, optimizer, fused),
         recompute=int(per_layer_full + _saved_extra(s, b, seq, precision, "full") + working) if policy == "full" else 0,
         fused=fused,
-        block_update=_update_bytes(block_shapes(s), vbytes, optimizer, fused) if fused else 0,
+        block_update=_update_bytes(block, vbytes, optimizer, fused) if fused else 0,
     )
 
 

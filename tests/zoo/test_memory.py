@@ -265,7 +265,8 @@ def test_lion_outside_the_fused_step_holds_two_momentum_products():
     """Keras' Lion makes m·β1 and m·β2 from the momentum alone: ahead of the gradients in Keras'
     own step, for every variable; the fused update waits for each block's gradients."""
     params = zoo.spec("enc-base").num_params()
-    plain, fused = (memory.estimate("enc-base", 2, 128, "float32", "full", optimizer="lion", fused=f) for f in (0, 1))
+    plain, fused = (memory.estimate("enc-base", 2, 128, "float32", "full", optimizer="lion", fused=f)
+                    for f in (False, True))
     assert plain.optimizer - fused.optimizer == 2 * 4 * params
     assert fused.update == 2 * plain.update  # four temporaries of a variable at once, not two
 

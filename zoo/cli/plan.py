@@ -3,12 +3,13 @@
 
 from zoo.memory import CONFIGS, OPTIMIZERS, GiB, choose, default_budget, estimate, largest_batch, parse_bytes
 
-# The estimate's components in `MemoryEstimate.as_dict()` order; total = weights + optimizer + the larger of
-# the backward's start (activ. + extra + logits + head grad) and its end (grads + update + recompute); fused:
-# the largest of the backward's start, the walk over the blocks (activ. + extra + grads + one block's update
-# temporaries) and the embedding's and head's update at the end (grads + update).
+# The estimate's components in `MemoryEstimate.as_dict()` order, and how `total` adds them up
+# (`MemoryEstimate.total`): fused, the walk over the blocks holds one block's update temporaries and the
+# embedding's and head's update comes at the end.
 COLUMNS = ("weights", "grads", "optimizer", "activ.", "logits", "extra", "head grad", "update", "recompute",
            "total")
+FORMULA = ("total = weights + optimizer + max(activ. + extra + logits + head grad, grads + update + recompute); "
+           "fused: max(the same start, activ. + extra + grads + a block's update, grads + update)")
 
 
 def _plan(args):
@@ -24,8 +25,7 @@ def _plan(args):
         most = largest_batch(args.model, args.sequence_length, budget, checkpointing=config, **options)
         print(f"{config:11s} {cells} {most:9d}")
     choice, e = choose(args.model, args.batch_size, args.sequence_length, budget, configs=configs, **options)
-    print("total = weights + optimizer + max(activ. + extra + logits + head grad, grads + update + recompute); "
-          "fused: max(the same start, activ. + extra + grads + a block's update, grads + update)")
+    print(FORMULA)
     print(f"auto: {choice} ({e.total / GiB:.2f} GiB of {budget / GiB:.2f} GiB)")
     return 0
 
