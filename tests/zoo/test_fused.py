@@ -109,12 +109,15 @@ def test_bad_combinations_name_the_fix():
     model = zoo.get("dec-base", checkpointing="selective", task="causal_lm", **TINY_DEC)
     with pytest.raises(ValueError, match="needs checkpointing='full'.*set_checkpointing"):
         model.set_fused_update(True)
+    assert (model.fused_update, model.checkpointing) == (None, "selective")  # a refusal changes nothing
     model.set_checkpointing("full")
     with pytest.raises(ValueError, match="Unknown fused-update clip 'layer'; known: global, per-block"):
         model.set_fused_update(True, clip="layer")
+    assert model.fused_update is None
     model.set_fused_update(True)
     with pytest.raises(ValueError, match="turn it off first"):
         model.set_checkpointing("none")
+    assert (model.fused_update, model.checkpointing) == ("global", "full")
     backbone = zoo.get("dec-base", checkpointing="full", task="backbone", **TINY_DEC)
     with pytest.raises(ValueError, match="trains a task model"):
         backbone.set_fused_update(True)
