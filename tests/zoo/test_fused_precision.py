@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import zoo
 from recipes.optim import AdamW
+from tests.common import allocator_peak
 from tests.zoo.test_fused import CLIP, assert_same_weights, batches, build, trained
 
 
@@ -43,7 +44,7 @@ VOCAB_BIG = 16000  # [4, 256, 16000] float32 logits: 62.5 MiB
 
 def step_peak(fused, loss_chunk, num_layers=4, hidden_dim=128, vocab_size=VOCAB_BIG, batch=4, seq=256,
               precision="float32"):
-    """Allocator peak of a compiled training step (after tracing), above what was allocated before."""
+    """Allocator peak of a compiled training step (tests.common.allocator_peak)."""
     keras.utils.set_random_seed(0)
     model = zoo.get("dec-base", checkpointing="full", task="causal_lm", num_layers=num_layers, hidden_dim=hidden_dim,
                     num_heads=4, num_kv_heads=2, intermediate_dim=4 * hidden_dim, vocab_size=vocab_size,
@@ -55,11 +56,7 @@ def step_peak(fused, loss_chunk, num_layers=4, hidden_dim=128, vocab_size=VOCAB_
                   loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, jit_compile=False)
     ids = np.random.default_rng(0).integers(0, vocab_size, (batch, seq + 1)).astype("int32")
     x, y = {"token_ids": ids[:, :-1], "padding_mask": np.ones((batch, seq), "int32")}, ids[:, 1:]
-    model.train_on_batch(x, y)
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    start = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    model.train_on_batch(x, y)
-    return tf.config.experimental.get_memory_info("CPU:0")["peak"] - start
+    return allocator_peak(lambda: model.train_on_batch(x, y))
 
 
 def test_fused_and_chunked_step_holds_less_than_full_alone():

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import zoo
-from tests.common import TINY, TINY_DEC
+from tests.common import TINY, TINY_DEC, allocator_peak
 from zoo import recompute
 
 FAMILIES = {"enc-base": dict(TINY, dropout=0.1), "dec-base": dict(TINY_DEC, dropout=0.1)}
@@ -205,7 +205,7 @@ def test_policy_switch_retraces_compiled_training(monkeypatch):
 
 
 def step_peak(name, policy, core, length, num_layers=6, chunk_size=None):
-    """Allocator peak of one forward+backward, above the built model."""
+    """Allocator peak of one forward+backward (tests.common.allocator_peak)."""
     overrides = dict(FAMILIES[name], num_layers=num_layers, max_sequence_length=length)
     rng = np.random.default_rng(0)
     x = {"token_ids": rng.integers(0, TINY["vocab_size"], (2, length)).astype("int32"),
@@ -222,11 +222,7 @@ def step_peak(name, policy, core, length, num_layers=6, chunk_size=None):
             loss = tf.add_n([tf.reduce_mean(tf.cast(v, "float32")) for v in model(x, training=True).values()])
         return tape.gradient(loss, model.trainable_variables)
 
-    step(x)  # trace outside the measurement
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    base = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    step(x)
-    return tf.config.experimental.get_memory_info("CPU:0")["peak"] - base
+    return allocator_peak(lambda: step(x), repeats=1)  # the bounds leave room for a noisy call
 
 
 @pytest.mark.parametrize("name", FAMILIES)
