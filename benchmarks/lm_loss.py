@@ -8,7 +8,7 @@ cross-entropy), each variant in a fresh process.
 A shape is HxVxBxS: hidden H, vocabulary V, batch B, sequence S. The head is a tied
 ReversibleEmbedding's reverse cast to float32 (what `DecoderCausalLM.lm_logits` does);
 variants: `unchunked` (SparseCategoricalCrossentropy on the whole logits) and `chunked`
-(zoo.lm_loss.chunked_lm_loss) per chunk size. Each child runs
+(zoo.ops.lm_loss.chunked_lm_loss) per chunk size. Each child runs
 a tf.function computing the loss and its gradients w.r.t. the hidden states and the
 embedding; the first call (tracing) is not timed; the median of `repeats` calls is. Time
 ratios on this shared 2-core machine vary by ±15% between runs (docs/design-notes.md):
@@ -29,7 +29,7 @@ def measure(hidden, vocab, batch, seq, variant, chunk, precision, repeats):
     import tensorflow as tf
     from keras_hub.layers import ReversibleEmbedding
 
-    from zoo.lm_loss import chunked_lm_loss, live_bytes
+    from zoo.ops.lm_loss import chunked_lm_loss, live_bytes
 
     keras.config.set_dtype_policy(precision)
     keras.utils.set_random_seed(0)

@@ -10,7 +10,7 @@ import math
 import sys
 from pathlib import Path
 
-from zoo.optimizer_state import OPTIMIZERS
+from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS
 
 
 def _override(text):
@@ -43,7 +43,7 @@ def register(subparsers):
                        ("learning-rate", float), ("warmup-steps", int), ("log-every", int),
                        ("checkpoint-every", int), ("vocabulary", str), ("precision", str), ("checkpointing", str)):
         p.add_argument(f"--{flag}", type=kind, help=f"recipe field {flag.replace('-', '_')}")
-    p.add_argument("--optimizer", choices=OPTIMIZERS,
+    p.add_argument("--optimizer", choices=RECIPE_OPTIMIZERS,
                    help="recipe field optimizer (default: the recipe's, adamw); lion and adafactor keep half "
                    "AdamW's state (README: Optimizers)")
     p.add_argument("--fused", action="store_true", default=None,

@@ -6,12 +6,12 @@ column, optionally a label column), a `.jsonl` file (a named field), or
 so that nothing is fetched from a hub at run time.
 
 Tasks:
-  mlm       WordPiece, documents concatenated and cut into [CLS] chunk [SEP] rows of
-            exactly `sequence_length` (no padding), masked by keras-hub's
-            `MaskedLMMaskGenerator` (15%: 80% [MASK], 10% random, 10% kept).
-  clm       byte-level BPE, documents joined with <|endoftext|> and cut into rows of
-            `sequence_length + 1` tokens (no padding): inputs row[:-1], targets row[1:].
-  classify  WordPiece, [CLS] text [SEP] padded to `sequence_length`, labels by name.
+  masked_lm   WordPiece, documents concatenated and cut into [CLS] chunk [SEP] rows of
+              exactly `sequence_length` (no padding), masked by keras-hub's
+              `MaskedLMMaskGenerator` (15%: 80% [MASK], 10% random, 10% kept).
+  causal_lm   byte-level BPE, documents joined with <|endoftext|> and cut into rows of
+              `sequence_length + 1` tokens (no padding): inputs row[:-1], targets row[1:].
+  classifier  WordPiece, [CLS] text [SEP] padded to `sequence_length`, labels by name.
 
 Order is deterministic (seeded shuffle, ordered maps), so `skip(n)` puts a resumed
 run at the same batch; the MLM masks are drawn by tf.text's stateful random ops
@@ -170,13 +170,13 @@ def _chunks(docs, tokenizer, length, separator=None):
     return tokens.map(lambda t: t.flat_values).unbatch().batch(length, drop_remainder=True)
 
 
-def _mlm_rows(docs, tokenizer, recipe, ids):
+def _masked_lm_rows(docs, tokenizer, recipe, ids):
     rows = _chunks(docs, tokenizer, recipe.sequence_length - 2)
     cls, sep = tf.constant([ids["cls"]]), tf.constant([ids["sep"]])
     return rows.map(lambda t: tf.concat([cls, t, sep], axis=0))
 
 
-def _clm_rows(docs, tokenizer, recipe, ids):
+def _causal_lm_rows(docs, tokenizer, recipe, ids):
     return _chunks(docs, tokenizer, recipe.sequence_length + 1, separator=ids["eos"])
 
 
@@ -189,7 +189,7 @@ def _classify_rows(docs, tokenizer, recipe, ids, labels):
                     num_parallel_calls=AUTOTUNE)
 
 
-def _mlm_batch(recipe, ids, vocabulary_size):
+def _masked_lm_batch(recipe, ids, vocabulary_size):
     masker = keras_hub.layers.MaskedLMMaskGenerator(
         vocabulary_size=vocabulary_size, mask_selection_rate=recipe.mask_rate, mask_token_id=ids["mask"],
         mask_selection_length=recipe.max_predictions, unselectable_token_ids=[ids["pad"], ids["cls"], ids["sep"]],
@@ -206,7 +206,7 @@ def _mlm_batch(recipe, ids, vocabulary_size):
     return features
 
 
-def _clm_batch(rows):
+def _causal_lm_batch(rows):
     x = {"token_ids": rows[:, :-1], "padding_mask": tf.ones_like(rows[:, :-1])}
     return x, rows[:, 1:]
 
@@ -224,9 +224,9 @@ def rows(recipe, tokenizer, docs, labels=None) -> tf.data.Dataset:
     """The task's unbatched examples (token rows, or (row, label) pairs)."""
     ids = vocab_lib.special_ids(tokenizer)
     if recipe.task == "masked_lm":
-        return _mlm_rows(docs, tokenizer, recipe, ids)
+        return _masked_lm_rows(docs, tokenizer, recipe, ids)
     if recipe.task == "causal_lm":
-        return _clm_rows(docs, tokenizer, recipe, ids)
+        return _causal_lm_rows(docs, tokenizer, recipe, ids)
     return _classify_rows(docs, tokenizer, recipe, ids, labels)
 
 
@@ -246,9 +246,9 @@ def pipeline(recipe, tokenizer, docs, labels=None, training=True, skip=0) -> tf.
     if skip:
         ds = ds.skip(skip)
     if recipe.task == "masked_lm":
-        ds = ds.map(_mlm_batch(recipe, ids, tokenizer.vocabulary_size()), num_parallel_calls=AUTOTUNE)
+        ds = ds.map(_masked_lm_batch(recipe, ids, tokenizer.vocabulary_size()), num_parallel_calls=AUTOTUNE)
     elif recipe.task == "causal_lm":
-        ds = ds.map(_clm_batch, num_parallel_calls=AUTOTUNE)
+        ds = ds.map(_causal_lm_batch, num_parallel_calls=AUTOTUNE)
     else:
         ds = ds.map(_classify_batch(ids), num_parallel_calls=AUTOTUNE)
     return ds.prefetch(AUTOTUNE)

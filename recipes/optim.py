@@ -1,76 +1,20 @@
-"""The optimizer a recipe asks for (`Recipe.optimizer`): AdamW (the default), Lion or
-Adafactor from Keras, each with global-norm clipping, weight decay on matrices only,
-gradient accumulation and a warmup-then-decay learning-rate schedule.
-
-Optimizer state in bytes per parameter, float32 variables (`mixed_bfloat16` keeps
-float32 variables too), measured by summing `optimizer.variables` (the step counter
-left out) after building each optimizer on the full-size models; `zoo.optimizer_state.
-state_bytes` gives the exact figure for any shapes by the same slot rule:
-
-    optimizer   state                                  dec-base  enc-base  dec-1b*
-    adamw       momentum + velocity                    8         8         8
-    lion        momentum                               4         4         4
-    adafactor   row + column factors + full velocity   4.0106    4.0073    4.0031
-    (* dec-1b: by the rule; the others measured.) Accumulation (k > 1) adds 4 to each.
-
-Keras' Adafactor is no smaller than Lion: it factors the second moment into row and
-column statistics but then writes their product into a full-size velocity variable
-(keras/src/optimizers/adafactor.py, `build` / `update_step`), so only the ~0.01 B/param
-of the factors is on top of 4.
-
-Which recipe fields each reads (all read learning_rate, through the schedule, and
-weight_decay, clipnorm, accumulation_steps):
-
-* adamw: beta_1, beta_2, epsilon.
-* lion: beta_1 (interpolation of momentum and gradient inside the sign) and beta_2
-  (the momentum's decay); epsilon unused. Its update is sign(...) * lr, so global-norm
-  clipping changes only how a step's gradient weighs against the momentum, not the
-  step size; Chen et al. 2023 advise a learning rate 3-10x below AdamW's and a weight
-  decay 3-10x above (decay is lr * weight_decay per step, as for AdamW).
-* adafactor: none of beta_1, beta_2, epsilon (no first moment; second-moment decay
-  1 - t^-0.8, epsilon_1 1e-30 on g^2 and epsilon_2 1e-3: Keras' defaults, which are
-  Shazeer & Stern 2018's). Keras makes the step relative: a variable moves by
-  lr(t) * max(1e-3, RMS(variable)) * u, where u is the update clipped to RMS <= 1
-  (clip_threshold, on top of the global-norm clip), so a learning rate means a
-  fraction of the weights' scale (the paper's 1e-2), not AdamW's absolute step. The
-  recipe's schedule drives lr(t) (`relative_step=False`; Keras ignores it anyway for a
-  schedule), but Keras always caps it at 1/sqrt(t) (t: updates), which binds once
-  t > 1/lr^2: after 10,000 updates at 1e-2, 1,000,000 at 1e-3. Weight decay is
-  lr(t) * weight_decay of the variable per step, the absolute lr, not the relative one.
-
-Gradient accumulation is Keras' (`gradient_accumulation_steps`, one full-size
-accumulator per variable) for all three; Lion's and Adafactor's step counts
-(`iterations`) are updates, not micro-batches, as their formulas need.
-
-Keras has `CosineDecay(warmup_steps=...)` but no linear warmup + linear decay, and
-its optimizers call a schedule with the count of *micro*-batches when
-`gradient_accumulation_steps` is set (keras 3.15 `_get_current_learning_rate`
-passes `_iterations`, not `iterations`), which would run the schedule k times too
-fast. `WarmupDecay` covers both decays and divides by the accumulation count.
-
-Under `tf.distribute` Keras 3.15 clips each replica's own gradients and sums them
-only afterwards (`TFOptimizer._backend_update_step`), so `global_clipnorm` clips by
-the wrong norm; and with `gradient_accumulation_steps` its `cond` (update or
-accumulate) holds `merge_call`s, which tf.distribute refuses in a replica's control
-flow (keras #20582). `SumReplicaGradients`, mixed into each of the three, sums the
-gradients first, after which every replica holds the same gradient and updates its
-own copy of each variable (aggregation "none"): no merge_call is left inside the `cond`.
-
-Keras 3.15's `global_norm` squares an embedding gradient's IndexedSlices values without first
-summing the rows of repeated token ids, so `global_clipnorm` clips by a wrong norm (2.0 for
-two equal unit rows of one id, where the gradient's norm is 2.83; 6.72 for 6.66 on a tiny
-BERT). The mixin makes such gradients dense before clipping.
+"""The optimizer a recipe asks for: Keras' AdamW, Lion or Adafactor, each exact under
+tf.distribute (`SumReplicaGradients`), with the recipe's warmup-then-decay schedule, global-norm
+clip, weight decay on matrices only and gradient accumulation. Their state per parameter, which
+recipe fields each reads, and the Keras behaviours worked around here: docs/design-notes.md
+(Recipe optimizers).
 """
+
 import math
 
 import keras
 import tensorflow as tf
 from keras import ops
 
-from zoo.optimizer_state import OPTIMIZERS, check, state_bytes
+from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS, check, state_bytes
 
 __all__ = [
-    "OPTIMIZERS", "AdamW", "Adafactor", "Lion", "SumReplicaGradients", "WarmupDecay", "optimizer", "schedule",
+    "RECIPE_OPTIMIZERS", "AdamW", "Adafactor", "Lion", "SumReplicaGradients", "WarmupDecay", "optimizer", "schedule",
     "state_bytes",
 ]
 
@@ -183,7 +127,7 @@ def optimizer(recipe, model) -> keras.optimizers.Optimizer:
         learning_rate=schedule(recipe), weight_decay=recipe.weight_decay, global_clipnorm=recipe.clipnorm,
         gradient_accumulation_steps=recipe.accumulation_steps if recipe.accumulation_steps > 1 else None,
     )
-    name = check(recipe.optimizer)
+    name = check(recipe.optimizer, RECIPE_OPTIMIZERS)
     if name == "adamw":
         opt = AdamW(beta_1=recipe.beta_1, beta_2=recipe.beta_2, epsilon=recipe.epsilon, **common)
     elif name == "lion":

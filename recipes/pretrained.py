@@ -26,7 +26,7 @@ class Checkpoint:
 @functools.lru_cache(maxsize=16)
 def checkpoint(weights: str) -> Checkpoint:
     """What the checkpoint at `weights` (a folder or Hub repo id) is, from its config.json."""
-    folder = zoo.hub.resolve(weights)
+    folder = zoo.hub.local_folder(weights)
     path = folder / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{weights} has no config.json; --weights takes a Hugging Face model folder "

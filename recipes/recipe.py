@@ -1,47 +1,8 @@
-"""A `Recipe` is everything about training a model that is not its shape: the
-task, precision, optimizer, schedule, batch geometry and checkpointing.
-
-Recipes are frozen data, like `zoo.ModelSpec`, so a registered name always means
-the same training run; `recipe.replace(...)` derives a variant (tests shrink the
-model through `model_overrides`). Every registered model has one recipe under its
-own name, and `"classify"` fine-tunes any encoder for sequence classification.
-
-Where the defaults come from:
-
-* BERT pretraining (enc-*): Devlin et al. 2019, §3.1 and Appendix A.2, and
-  google-research/bert `run_pretraining.py` / `optimization.py`: Adam(W) with
-  lr 1e-4, β1 0.9, β2 0.999, ε 1e-6, weight decay 0.01 except LayerNorm and
-  biases, global-norm clipping 1.0, 10,000 warmup steps then linear decay to 0
-  over 1,000,000 steps, batch 256, 15% masking (80% [MASK] / 10% random / 10%
-  kept), at most 20 predictions per 128-token sequence. BERT spent 90% of its
-  steps at length 128 and the rest at 512; a recipe has one length, 128.
-  enc-mini follows the same recipe (Turc et al. 2019 pretrained the BERT
-  miniatures with it); enc-1b follows BERT-large's.
-* Llama-family pretraining: dec-1b is TinyLlama (Zhang et al. 2024, §2.3):
-  AdamW β1 0.9, β2 0.95, weight decay 0.1, clipping 1.0, 2,000 warmup steps,
-  cosine decay from 4e-4 to 4e-5, 2M-token batches (1024 x 2048),
-  ~1.43M steps for 3T tokens. dec-base / dec-large are SmolLM2-135M / -360M
-  (Allal et al. 2025): AdamW β1 0.9, β2 0.95, weight decay 0.1, clipping 1.0,
-  2,000 warmup steps, ~1M-token batches of 2048-token sequences, peak lr 3e-3
-  (our reading of the published SmolLM configs; not re-checked offline). SmolLM2
-  used a warmup-stable-decay schedule; a recipe here has linear or cosine decay
-  only, so these decay linearly to 10%: the one deliberate difference.
-* Fine-tuning ("classify"): Devlin et al. 2019, Appendix A.3 (the GLUE recipe,
-  also Hugging Face `run_glue.py`'s defaults): lr 2e-5, batch 32, length 128,
-  3 epochs (~1,000 steps of a 10k-example set), 10% linear warmup then linear
-  decay, weight decay 0.01, ε 1e-6.
-
-Batch sizes here are per optimizer step: `batch_size` sequences per micro-batch,
-`accumulation_steps` micro-batches per update. The references' batches do not fit
-a single small machine; the registered recipes keep their token count per update
-where it is small enough and say otherwise in `notes`.
-
-The optimizer defaults to AdamW, as in every reference above; `optimizer="lion"` or
-`"adafactor"` keeps less state (recipes/optim.py: bytes per parameter, and which of
-the fields below each one reads).
-
-Precision defaults to `mixed_bfloat16` (the references trained in float32 or bf16
-on TPUs/GPUs; on this stack it was the fastest policy measured, docs/design-notes.md).
+"""A `Recipe` is everything about training a model that is not its shape: the task,
+precision, optimizer, schedule, batch geometry and checkpointing. Recipes are frozen data,
+like `zoo.ModelSpec`, so a registered name always means the same training run; every
+registered model has one under its own name, and "classify" / "finetune-lm" fine-tune
+from weights. Where each default comes from: docs/training.md (Where the defaults come from).
 """
 
 from __future__ import annotations
@@ -51,8 +12,10 @@ from dataclasses import dataclass, field
 
 import zoo
 from recipes import pretrained
-from zoo.optimizer_state import OPTIMIZERS
+from zoo import checks
+from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS
 from zoo.registry import Registry
+from zoo.training.fused import CLIPS
 
 # A recipe trains one task head of zoo's (zoo.models.TASKS); the backbone alone is not trained.
 TASKS = ("masked_lm", "causal_lm", "classifier")
@@ -69,11 +32,11 @@ class Recipe:
     model_overrides: dict = field(default_factory=dict)
     weights: str | None = None  # a Hugging Face folder or Hub repo id to start from (recipes.pretrained)
     precision: str = "mixed_bfloat16"
-    checkpointing: str = "none"  # activation recomputation policy (zoo.recompute), or "auto" (zoo.memory.choose)
+    checkpointing: str = "none"  # activation recomputation policy (zoo.ops.recompute), or "auto" (zoo.memory.choose)
     memory_budget: str | int | None = None  # for "auto": bytes or "24GiB"; None: the device's memory (RAM on CPU)
-    fused: bool = False  # the optimizer step inside the backward pass (zoo.fused); needs checkpointing "full"
+    fused: bool = False  # the optimizer step inside the backward pass (zoo.training.fused); needs checkpointing "full"
     fused_clip: str = "global"  # with fused: "global" (exact, a norm pass first) or "per-block" (cheaper, not exact)
-    loss_chunk: int | None = None  # causal LM: positions per loss chunk (zoo.lm_loss); None: its default; 0: unchunked
+    loss_chunk: int | None = None  # causal LM: positions per loss chunk (zoo.ops.lm_loss); None: default; 0: unchunked
     # optimizer: `optimizer` picks it; each reads the fields below that it has (recipes/optim.py)
     learning_rate: float = 1e-4
     beta_1: float = 0.9
@@ -81,7 +44,7 @@ class Recipe:
     epsilon: float = 1e-6
     weight_decay: float = 0.01  # never applied to norms and biases
     clipnorm: float | None = 1.0  # global gradient norm, as BERT / TinyLlama / HF Trainer clip
-    optimizer: str = "adamw"  # zoo.optimizer_state.OPTIMIZERS: "adamw", "adafactor" or "lion"
+    optimizer: str = "adamw"  # zoo.memory.RECIPE_OPTIMIZERS: "adamw", "adafactor" or "lion"
     # schedule: linear warmup from 0, then `decay` down to min_lr_ratio * learning_rate
     warmup_steps: int = 10_000
     steps: int = 1_000_000
@@ -92,8 +55,8 @@ class Recipe:
     sequence_length: int = 128
     accumulation_steps: int = 1
     # data
-    mask_rate: float = 0.15  # mlm only
-    max_predictions: int = 20  # mlm only: masked positions per sequence
+    mask_rate: float = 0.15  # masked_lm only
+    max_predictions: int = 20  # masked_lm only: masked positions per sequence
     vocabulary: str | None = None  # tokenizer files; None: the weights' tokenizer, or one trained on the corpus
     lowercase: bool = True  # WordPiece (BERT uncased)
     shuffle_buffer: int = 10_000
@@ -113,21 +76,14 @@ class Recipe:
         check(self.task in TASKS, f"Unknown task {self.task!r}; known tasks: {', '.join(TASKS)}.")
         check(self.precision in zoo.PRECISIONS,
               f"Unknown precision {self.precision!r}; known: {', '.join(zoo.PRECISIONS)}.")
-        check(self.optimizer in OPTIMIZERS,
-              f"Unknown optimizer {self.optimizer!r}; known optimizers: {', '.join(OPTIMIZERS)}.")
+        check(self.optimizer in RECIPE_OPTIMIZERS,
+              f"Unknown optimizer {self.optimizer!r}; known optimizers: {', '.join(RECIPE_OPTIMIZERS)}.")
         check(self.decay in DECAYS, f"Unknown decay {self.decay!r}; known: {', '.join(DECAYS)}.")
         check(self.checkpointing in (*zoo.POLICIES, "auto"),
               f"Unknown checkpointing policy {self.checkpointing!r}; known: {', '.join(zoo.POLICIES)}, auto.")
-        check(not self.fused or self.checkpointing in ("full", "auto"),
-              f"fused=True needs checkpointing='full' (the fused update recomputes each block from its saved "
-              f"input); this recipe has {self.checkpointing!r}. Set checkpointing='full' (--checkpointing full), "
-              "or 'auto' to let the planner decide, or drop fused.")
-        check(not self.fused or self.accumulation_steps == 1,
-              f"fused=True cannot be combined with accumulation_steps={self.accumulation_steps}: the fused update "
-              "applies each block's gradients as soon as they exist, so there is no whole-step gradient to "
-              "accumulate. Set accumulation_steps=1 and raise batch_size instead, or drop fused.")
-        check(self.fused_clip in zoo.fused.CLIPS,
-              f"Unknown fused_clip {self.fused_clip!r}; known: {', '.join(zoo.fused.CLIPS)}.")
+        if self.fused:
+            checks.fused(self.checkpointing, self.accumulation_steps)
+        check(self.fused_clip in CLIPS, f"Unknown fused_clip {self.fused_clip!r}; known: {', '.join(CLIPS)}.")
         check(self.loss_chunk is None or (isinstance(self.loss_chunk, int) and self.loss_chunk >= 0),
               f"loss_chunk must be None (the default chunk), 0 (unchunked) or a positive number of positions; "
               f"got {self.loss_chunk!r}.")
@@ -135,7 +91,7 @@ class Recipe:
             zoo.memory.parse_bytes(self.memory_budget)  # raises with the accepted forms
         for name in ("steps", "batch_size", "sequence_length", "accumulation_steps", "log_every",
                      "checkpoint_every", "keep_checkpoints", "shuffle_buffer"):
-            check(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}.")
+            checks.positive(name, getattr(self, name))
         check(0 <= self.warmup_steps <= self.steps,
               f"warmup_steps={self.warmup_steps} must be between 0 and steps={self.steps}.")
         check(self.learning_rate > 0, f"learning_rate must be positive, got {self.learning_rate}.")

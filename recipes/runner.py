@@ -33,6 +33,7 @@ from recipes import data as data_lib
 from recipes import distribute, optim, pretrained, state
 from recipes import vocab as vocab_lib
 from recipes.recipe import Recipe, get
+from zoo.files import atomic_path, write_json
 from zoo.loading import MODEL_FILE, TOKENIZER_DIR
 
 
@@ -152,7 +153,7 @@ def build(recipe, num_classes=None):
         A compiled Keras model (float32 logits; `mixed_float16` gets Keras' dynamic
         loss scaling from compile).
     """
-    recipe = resolve_auto(recipe)
+    recipe = choose_auto(recipe)
     overrides = dict(recipe.model_overrides)
     if recipe.task == "classifier":
         num_classes = num_classes or overrides.get("num_classes", 2)
@@ -174,17 +175,14 @@ def build(recipe, num_classes=None):
     return model
 
 
-def resolve_auto(recipe) -> Recipe:
+def choose_auto(recipe) -> Recipe:
     """`checkpointing="auto"`: the fastest configuration the planner says fits the memory budget
-    (none, selective, full, then full with the fused update); other recipes as they are."""
+    (none, selective, full, then full with the fused update; only fused ones when the recipe asks
+    for fused); other recipes as they are."""
     if recipe.checkpointing != "auto":
         return recipe
     budget = zoo.memory.parse_bytes(recipe.memory_budget) if recipe.memory_budget else zoo.memory.default_budget()
-    configs = zoo.memory.CONFIGS
-    if recipe.fused:
-        configs = [c for c in configs if c.endswith("+fused")]
-    elif recipe.accumulation_steps > 1:  # the fused update cannot accumulate
-        configs = [c for c in configs if not c.endswith("+fused")]
+    configs = [c for c in zoo.memory.CONFIGS if c.endswith("+fused") or not recipe.fused]
     config, estimate = zoo.memory.choose(
         recipe.spec, recipe.batch_size, recipe.sequence_length, budget, precision=recipe.precision,
         task=recipe.task, optimizer=recipe.optimizer, configs=configs, accumulation_steps=recipe.accumulation_steps,
@@ -208,11 +206,13 @@ def _prepare(recipe, out_dir, train_docs, meta):
         # All checks passed: from here on out_dir is written.
         os.makedirs(out_dir, exist_ok=True)
         saved = os.path.join(out_dir, TOKENIZER_DIR)
-        if source != saved and recipe.weights:  # the checkpoint's tokenizer, settings included
-            shutil.copytree(source, saved, dirs_exist_ok=True)
-        elif source != saved:
-            vocab_lib.copy(source, recipe.spec.family, saved)
-        state.write_json_atomic(os.path.join(out_dir, state.RUN_FILE), meta)
+        if source != saved:  # whole or not at all: a resumed run reads it back
+            with atomic_path(saved, overwrite=True) as tmp:
+                if recipe.weights:  # the checkpoint's tokenizer, settings included
+                    shutil.copytree(source, tmp)
+                else:
+                    vocab_lib.copy(source, recipe.spec.family, tmp)
+        write_json(os.path.join(out_dir, state.RUN_FILE), meta)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     state.discard_partial(out_dir)
@@ -344,10 +344,8 @@ def _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps,
             result.tokens_per_second = tracker.tokens_per_second()
     result.peak_bytes = tf.config.experimental.get_memory_info(device)["peak"]
     result.max_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    final = os.path.join(write_dir, MODEL_FILE)
-    tmp = os.path.join(write_dir, f"model.tmp-{os.getpid()}.keras")
-    model.save(tmp)
-    os.replace(tmp, final)
+    with atomic_path(os.path.join(write_dir, MODEL_FILE), overwrite=True) as tmp:
+        model.save(tmp)
     return os.path.join(result.out_dir, MODEL_FILE)
 
 

@@ -20,19 +20,10 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from recipes.recipe import LEGACY_TASKS, Recipe
-from zoo.files import atomic_path
+from zoo.files import atomic_path, write_json
 
 RUN_FILE = "run.json"
 CHECKPOINTS = "checkpoints"
-
-
-def write_json_atomic(path, payload):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_run(out_dir):
@@ -116,7 +107,7 @@ def save(out_dir, step, model, optimizer, keep=2):
         tmp.mkdir(parents=True)
         save_file(_arrays(model.variables), os.path.join(tmp, "model.safetensors"))
         save_file(_arrays(optimizer.variables), os.path.join(tmp, "optimizer.safetensors"))
-        write_json_atomic(os.path.join(tmp, "state.json"), {
+        write_json(os.path.join(tmp, "state.json"), {
             "step": step, "model_variables": [v.path for v in model.variables],
             "optimizer_variables": [v.path for v in optimizer.variables],
         })

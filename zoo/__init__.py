@@ -8,9 +8,9 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 # Importing the models registers their classes, so keras.models.load_model works after `import zoo`.
-from zoo import export, fused, generation, hub, lm_loss, loading, memory, models
+from zoo import export, generation, hub, loading, memory, models
 from zoo.loading import load
-from zoo.recompute import POLICIES
+from zoo.ops.recompute import POLICIES
 from zoo.registry import PRECISIONS, ModelSpec, names, register, spec
 
 __version__ = "0.1.0"
@@ -47,7 +47,6 @@ def get(name, checkpointing=None, dtype=None, task=None, weights=None, **overrid
 
 
 __all__ = [
-    "POLICIES", "PRECISIONS", "ModelSpec", "export", "fused", "generation", "get", "hub", "lm_loss", "load", "loading",
-    "memory",
+    "POLICIES", "PRECISIONS", "ModelSpec", "export", "generation", "get", "hub", "load", "loading", "memory",
     "models", "names", "register", "spec",
 ]

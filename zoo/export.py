@@ -37,7 +37,7 @@ TEXT_SIGNATURE = "text"
 # The serving graph ----------------------------------------------------------
 def serving_model(model) -> keras.Model:
     """The inference graph of `model` as a functional Keras model (float32 outputs)."""
-    check_model(model)
+    check_exportable(model)
     inputs = dict(model.input)
     outputs = dict(model.output)
     backbone = getattr(model, "backbone", None)
@@ -55,7 +55,7 @@ def serving_model(model) -> keras.Model:
     return keras.Model(inputs, outputs, name=f"{model.name}_serving")
 
 
-def check_model(model):
+def check_exportable(model):
     if isinstance(model, keras.Model) and not model.built:
         raise ValueError(
             f"Cannot export {type(model).__name__} {model.name!r}: the model was never built. "

@@ -1,8 +1,10 @@
 """Writing files and folders so that nothing is lost: a temporary sibling is
 written, then renamed into place, and an earlier version survives until the new
-one is complete. Exports, Hugging Face folders and training checkpoints use it."""
+one is complete. The one home of atomic writes: exports, Hugging Face folders,
+training checkpoints and run files all use it."""
 
 import contextlib
+import json
 import os
 import shutil
 import uuid
@@ -26,17 +28,29 @@ def atomic_path(path, overwrite=False):
     old = path.with_name(f".{path.name}.old-{tag}")
     try:
         yield tmp
-        if path.exists():
-            os.replace(path, old)  # keep the earlier export until the new one is in place
-        try:
-            os.replace(tmp, path)
-        except OSError:
-            if old.exists():
-                os.replace(old, path)
-            raise
+        if not tmp.is_dir():
+            os.replace(tmp, path)  # a file replaces a file in one step
+        else:  # a folder cannot replace a folder: move the earlier one aside until the new one is in place
+            if path.exists():
+                os.replace(path, old)
+            try:
+                os.replace(tmp, path)
+            except OSError:
+                if old.exists():
+                    os.replace(old, path)
+                raise
     finally:
         for leftover in (tmp, old):
             if leftover.is_dir():
                 shutil.rmtree(leftover, ignore_errors=True)
             elif leftover.exists():
                 leftover.unlink()
+
+
+def write_json(path, payload):
+    """`payload` as a JSON file at `path`, replacing any earlier one only once it is whole on disk."""
+    with atomic_path(path, overwrite=True) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(payload, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())

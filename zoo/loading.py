@@ -5,9 +5,8 @@ from pathlib import Path
 
 import keras
 
-from zoo import hub
+from zoo import hub, registry
 from zoo.models import build
-from zoo.registry import names, spec
 
 MODEL_FILE = "model.keras"  # what a training run (recipes) writes at the end
 TOKENIZER_DIR = "tokenizer"
@@ -42,12 +41,12 @@ def load(source, task=None):
         return model
     if path.is_dir() and (path / "config.json").is_file():
         return hub.load(source, task=task)
-    if source in names():
-        return build(spec(source), task=task)
+    if source in registry.names():
+        return build(registry.spec(source), task=task)
     if path.exists():
         raise FileNotFoundError(f"{source} holds neither {MODEL_FILE} (a training run) nor config.json "
                                 "(a Hugging Face folder).")
     if "/" in source:  # a Hub repo id, resolved by huggingface_hub (its cache and HF_HUB_OFFLINE apply)
         return hub.load(source, task=task)
-    raise ValueError(f"{source!r} is neither a registered model ({', '.join(names())}), a .keras file, "
+    raise ValueError(f"{source!r} is neither a registered model ({', '.join(registry.names())}), a .keras file, "
                      "a training run's folder nor a Hugging Face folder.")

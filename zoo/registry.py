@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from zoo import shapes
+
 FAMILIES = ("bert", "llama")
 # The fields that fix the weights' shapes (dropout, epsilon and the like do not).
 SHAPE_FIELDS = ("family", "vocab_size", "num_layers", "hidden_dim", "num_heads", "num_kv_heads", "head_dim",
@@ -121,33 +123,9 @@ class ModelSpec:
             out["rope_scaling"] = dict(self.rope_scaling)
         return out
 
-    # Parameter count ----------------------------------------------------------
     def num_params(self, task: str | None = None, num_classes: int = 2) -> int:
         """Parameters of the model `zoo.get` builds for `task`, without building it."""
-        task = task or self.default_task
-        h, f, v = self.hidden_dim, self.intermediate_dim, self.vocab_size
-        q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        if self.family == "bert":
-            attention = (h * q_dim + q_dim) + 2 * (h * kv_dim + kv_dim) + (q_dim * h + h)
-            block = attention + (h * f + f) + (f * h + h) + 2 * (2 * h)  # two LayerNorms
-            embeddings = (v + self.max_sequence_length + self.num_segments) * h + 2 * h
-            pooler = h * h + h
-            backbone = embeddings + self.num_layers * block + pooler
-            heads = {
-                "backbone": 0,
-                # no pooler; transform dense, LayerNorm, output bias (decoder tied to the embedding)
-                "masked_lm": -pooler + (h * h + h) + 2 * h + v,
-                "classifier": h * num_classes + num_classes,
-            }
-        else:
-            attention = h * q_dim + 2 * h * kv_dim + q_dim * h
-            block = attention + 3 * h * f + 2 * h  # SwiGLU, two RMSNorms
-            embeddings = v * h * (1 if self.tie_embeddings else 2)
-            backbone = embeddings + self.num_layers * block + h  # + final norm
-            heads = {"backbone": 0, "causal_lm": 0}  # the LM head lives in the token embedding
-        if task not in heads:
-            raise ValueError(f"Unknown task {task!r} for family {self.family!r}; known: {', '.join(heads)}.")
-        return backbone + heads[task]
+        return shapes.num_params(self, task, num_classes)
 
 
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")

@@ -97,7 +97,7 @@ def optimizers(out):
 
     import recipes
     from recipes import optim
-    from zoo.optimizer_state import OPTIMIZERS
+    from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS as OPTIMIZERS
 
     rng = np.random.default_rng(0)
     start = [rng.normal(size=(3, 4)).astype("float32"), rng.normal(size=(4,)).astype("float32")]

@@ -8,7 +8,7 @@ scenario: 3 optimizer steps of `fit` with the recipe's AdamW (global-norm clippi
 1.0), dropout 0.1, from the same seed on the same global batches of 4.
 
 Why exact: replica r takes rows [2r, 2r+2) of each batch, draws the dropout masks of
-exactly those rows (zoo/layers/dropout.py), and the optimizer sums the replicas'
+exactly those rows (zoo/ops/dropout.py), and the optimizer sums the replicas'
 gradients before clipping and accumulating (recipes/optim.py). What remains is float
 rounding: in float32 the sum of two half-batch gradients differs from the whole
 batch's by ~1e-7. In mixed_bfloat16 each replica's weight gradient comes out of a

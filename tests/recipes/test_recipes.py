@@ -19,6 +19,7 @@ import recipes
 import zoo
 from recipes import optim, state
 from tests.common import REPO, tiny_recipe
+from zoo.files import write_json
 
 ONE_LAYER = dict(num_layers=1, hidden_dim=32, num_heads=2, num_kv_heads=1, intermediate_dim=64, vocab_size=256)
 
@@ -213,7 +214,7 @@ def test_bad_input_fails_before_training(tmp_path, recipes_news, recipes_vocab):
     # An out_dir holding another model's run is refused and left as it was.
     other = tiny_recipe("dec-base")
     os.makedirs(out)
-    state.write_json_atomic(os.path.join(out, state.RUN_FILE), {
+    write_json(os.path.join(out, state.RUN_FILE), {
         "model": other.model, "task": other.task, "spec": other.spec.to_dict(), "recipe": other.to_dict(),
         "labels": None})
     before = _snapshot(out)

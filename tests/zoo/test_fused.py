@@ -1,4 +1,4 @@
-"""The fused update (zoo.fused) takes the same steps as Keras' own `fit`: weights after three
+"""The fused update (zoo.training.fused) takes the same steps as Keras' own `fit`: weights after three
 steps of AdamW (schedule, weight decay, dropout active) equal, with and without a global clip
 that triggers, tied and untied, in float32 and bfloat16; a non-finite float16 step leaves every
 weight as it was; and a step holds less memory than `full` alone.
@@ -115,12 +115,12 @@ def test_bad_combinations_name_the_fix():
         model.set_fused_update(True, clip="layer")
     assert model.fused_update is None
     model.set_fused_update(True)
-    with pytest.raises(ValueError, match="turn it off first"):
+    with pytest.raises(ValueError, match="needs checkpointing='full'.*turn the fused update off"):
         model.set_checkpointing("none")
     assert (model.fused_update, model.checkpointing) == ("global", "full")
     backbone = zoo.get("dec-base", checkpointing="full", task="backbone", **TINY_DEC)
     with pytest.raises(ValueError, match="trains a task model"):
         backbone.set_fused_update(True)
     accumulating = build("llama", fused="global", accumulation=2)
-    with pytest.raises(ValueError, match="cannot be combined with gradient accumulation.*raise the batch size"):
+    with pytest.raises(ValueError, match="cannot be combined with gradient accumulation.*Raise the batch size"):
         accumulating.fit(batches("llama"), epochs=1, verbose=0)

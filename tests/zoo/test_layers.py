@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from zoo.layers.activations import gelu
-from zoo.layers.attention_core import chunked_attention, plain_attention
-from zoo.layers.dropout import stateless_dropout
+from zoo.ops.activations import gelu
+from zoo.ops.attention_core import chunked_attention, plain_attention
+from zoo.ops.dropout import stateless_dropout
 
 
 def test_gelu_matches_tensorflow_exact_gelu_and_its_gradient():

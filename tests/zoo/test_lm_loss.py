@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import zoo
 from tests.common import TINY_DEC, allocator_peak
-from zoo.lm_loss import DEFAULT_LOSS_CHUNK, chunked_lm_loss, live_bytes, loss_chunk
+from zoo.ops.lm_loss import DEFAULT_LOSS_CHUNK, chunked_lm_loss, live_bytes, loss_chunk
 
 VOCAB = 97
 BATCH = 2
@@ -161,3 +161,48 @@ def test_each_chunk_casts_the_head_in_its_turn():
     cast = vocab * hidden * 2
     # measured: equal, or one call's concurrency above (1.25 casts); 14 casts more before the fix
     assert sixteen < two + 2 * cast, (sixteen, two, cast)
+
+
+def compiled(loss_chunk, metrics=None, loss=None, vocab=4096, seq=256):
+    keras.utils.set_random_seed(0)
+    model = zoo.get("dec-base", task="causal_lm", **dict(TINY_DEC, vocab_size=vocab, max_sequence_length=seq))
+    model.set_loss_chunk(loss_chunk)
+    model.compile(optimizer=keras.optimizers.SGD(0.0), metrics=metrics,
+                  loss=loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x = {"token_ids": rng.integers(0, vocab, (2, seq)).astype("int32"), "padding_mask": np.ones((2, seq), "int32")}
+    y = rng.integers(0, vocab, (2, seq)).astype("int32")
+    return model, x, y
+
+
+def test_metrics_are_computed_chunk_by_chunk_in_the_chunked_memory():
+    """`metrics=["accuracy"]` used to switch the chunked loss off silently (the whole float32 logits,
+    gigabytes at dec-1b). Now the metrics are updated chunk by chunk: the same figures as on the
+    whole logits, and the step's memory stays at the chunked one."""
+    whole, x, y = compiled(0, metrics=["accuracy"])
+    chunked, _, _ = compiled(32, metrics=["accuracy"])
+    plain, _, _ = compiled(32)
+    assert chunked.loss_from_backbone() and not whole.loss_from_backbone()
+    # labels the model gets right at every other position, so that accuracy is about one half
+    y[:, ::2] = np.argmax(whole(x)["logits"].numpy(), axis=-1)[:, ::2]
+    expected = whole.train_on_batch(x, y, return_dict=True)
+    got = chunked.train_on_batch(x, y, return_dict=True)
+    assert got["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6) and got["accuracy"] > 0
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    peaks = {name: allocator_peak(lambda m=m: m.train_on_batch(x, y)) for name, m in
+             [("whole", whole), ("chunked", chunked), ("no metrics", plain)]}
+    logits = 2 * 256 * 4096 * 4  # 8 MiB of float32 logits
+    assert peaks["whole"] > peaks["chunked"] + logits, peaks
+    assert peaks["chunked"] < peaks["no metrics"] + logits / 8, peaks  # at most one chunk's worth more
+
+
+def test_a_loss_the_chunked_loss_does_not_compute():
+    """A chunk size asked for explicitly is refused with another loss; by default that loss trains on the
+    whole logits, with a warning that says so."""
+    focal = keras.losses.CategoricalFocalCrossentropy(from_logits=True)
+    model, x, y = compiled(32, loss=focal)
+    with pytest.raises(ValueError, match=r"set_loss_chunk\(32\) needs .*Crossentropy.*set_loss_chunk\(0\)"):
+        model.loss_from_backbone()
+    model.set_loss_chunk(None)
+    with pytest.warns(UserWarning, match="whole float32 \\[batch, sequence, vocab\\] logits"):
+        assert not model.loss_from_backbone()

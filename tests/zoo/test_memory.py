@@ -11,7 +11,7 @@ import pytest
 
 import zoo
 from tests.common import REPO
-from zoo import memory
+from zoo import memory, shapes
 from zoo.cli import main
 
 # b=2 sequences of s=16 tokens; L=2 layers, h=64, a=4 heads, ffn 128, vocabulary 100.
@@ -61,7 +61,7 @@ def test_estimate_matches_the_hand_computed_formula(spec, policy, precision, act
     assert e.logits == (3 * B * S * 100 * 4 if spec.is_decoder else 0)
     # The peak of the backward's start (all activations, logits and the first, largest gradient) and of the
     # update (all gradients and the update's temporaries: two tensors the size of the largest variable).
-    largest = max(memory._numel(x) for x in memory.variable_shapes(spec)) * 4
+    largest = max(shapes.count([x]) for x in shapes.variable_shapes(spec)) * 4
     assert e.head_gradient == largest and e.update == 2 * largest
     assert e.backward_peak == e.activations + e.saved_extra + e.logits + largest
     assert e.total == e.weights + e.optimizer + max(e.backward_peak, e.gradients + e.update + e.recompute)
@@ -161,33 +161,16 @@ def test_cli_unknown_model_lists_known(args, capsys):
 
 # The planner: variable shapes, optimizers, fused, chunked loss, choose, parse_bytes, `zoo plan` ------------
 
-@pytest.mark.parametrize("name, task", [("enc-base", "backbone"), ("enc-base", "masked_lm"),
-                                        ("enc-base", "classifier"), ("dec-base", "causal_lm"),
-                                        ("dec-1b", "causal_lm"), ("dec-1b", "backbone")])
-def test_variable_shapes_match_a_built_model(name, task):
-    spec = zoo.spec(name).replace(**SMALL, **({"num_kv_heads": 2} if name.startswith("dec") else {}))
-    model = zoo.get(spec, task=task, **({"num_classes": 3} if task == "classifier" else {}))
-    shapes = memory.variable_shapes(spec, task, **({"num_classes": 3} if task == "classifier" else {}))
-    assert shapes == [tuple(v.shape) for v in model.trainable_variables]
-    assert sum(memory._numel(x) for x in shapes) == model.count_params()
-
-
-@pytest.mark.parametrize("name", zoo.names())
-def test_variable_shapes_count_the_reference_parameters(name):
-    spec = zoo.spec(name)
-    assert sum(memory._numel(x) for x in memory.variable_shapes(spec)) == spec.num_params()
-
-
 def test_optimizer_state_by_hand():
-    shapes = [(100, 64), (64,), (3, 5, 7)]
-    assert memory.optimizer_state_bytes("adamw", shapes) == 2 * (6400 + 64 + 105) * 4
-    assert memory.optimizer_state_bytes("lion", shapes) == (6400 + 64 + 105) * 4
+    sizes = [(100, 64), (64,), (3, 5, 7)]
+    assert memory.optimizer_state_bytes("adamw", sizes) == 2 * (6400 + 64 + 105) * 4
+    assert memory.optimizer_state_bytes("lion", sizes) == (6400 + 64 + 105) * 4
     # Keras' Adafactor: a full-size velocity for every variable, r (shape[:-1]) and c (shape[:-2] + last)
     # for >= 2 dims, two scalars for a vector.
-    assert memory.optimizer_state_bytes("adafactor", shapes) == (6400 + 100 + 64 + 64 + 2 + 105 + 15 + 21) * 4
-    assert memory.optimizer_state_bytes("sgd", shapes) == 0
-    with pytest.raises(ValueError, match="known: adamw"):
-        memory.optimizer_state_bytes("adagrad", shapes)
+    assert memory.optimizer_state_bytes("adafactor", sizes) == (6400 + 100 + 64 + 64 + 2 + 105 + 15 + 21) * 4
+    assert memory.optimizer_state_bytes("sgd", sizes) == 0
+    with pytest.raises(ValueError, match="known optimizers: adamw"):
+        memory.optimizer_state_bytes("adagrad", sizes)
 
 
 def test_adafactor_state_matches_keras():
@@ -199,8 +182,8 @@ def test_adafactor_state_matches_keras():
         optimizer.build(model.trainable_variables)
         slots = sum(v.numpy().nbytes for v in optimizer.variables) - optimizer.iterations.numpy().nbytes
         slots -= sum(v.numpy().nbytes for v in optimizer.variables if "learning_rate" in v.path)
-        shapes = memory.variable_shapes(ENC, "masked_lm")
-        assert memory.optimizer_state_bytes(name, shapes) == slots, name
+        variables = shapes.variable_shapes(ENC, "masked_lm")
+        assert memory.optimizer_state_bytes(name, variables) == slots, name
 
 
 CASES = [(ENC, "masked_lm"), (DEC, "causal_lm"), ("enc-1b", None), ("dec-1b", None)]
@@ -228,7 +211,7 @@ def test_fused_keeps_one_block_of_gradients():
     fused = memory.estimate("dec-1b", 1, 512, "mixed_bfloat16", "full", fused=True)
     assert fused == memory.estimate("dec-1b", 1, 512, "mixed_bfloat16", "full+fused")
     spec = zoo.spec("dec-1b")
-    block = sum(memory._numel(x) for x in memory.block_shapes(spec))
+    block = shapes.count(shapes.block_shapes(spec))
     assert fused.gradients == (spec.num_params() - (spec.num_layers - 1) * block) * 4 < full.gradients / 5
     assert fused.total < full.total
     # The update runs inside the backward pass: the walk over the blocks (the saved inputs, one recomputed
@@ -247,7 +230,7 @@ def test_chunked_loss_holds_one_chunk_of_logits():
     chunked = memory.estimate("dec-1b", 2, 4096, "mixed_bfloat16", "full")
     whole = memory.estimate("dec-1b", 2, 4096, "mixed_bfloat16", "full", loss_chunk=0)
     assert whole.logits == 3 * 2 * 4096 * 32000 * 4
-    assert chunked.logits == 3 * 2 * zoo.lm_loss.loss_chunk(2, 4096, 32000) * 32000 * 4 < whole.logits
+    assert chunked.logits == 3 * 2 * zoo.ops.lm_loss.loss_chunk(2, 4096, 32000) * 32000 * 4 < whole.logits
     assert memory.estimate("dec-1b", 2, 4096, loss_chunk=256).logits == whole.logits // 16
     with pytest.raises(ValueError, match="causal_lm"):
         memory.estimate("enc-base", 2, 128, task="masked_lm", loss_chunk=256)
@@ -325,3 +308,19 @@ def test_cli_plan_unmeetable_budget(capsys):
     e = min(memory.estimate("dec-1b", 1, 512, checkpointing=c).total for c in memory.CONFIGS)
     assert "zoo plan: error: No configuration of dec-1b fits a budget of 1.00 GiB" in err
     assert f"smallest estimate is {e / memory.GiB:.2f} GiB (full+fused)" in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch-size", "0"], "batch_size must be a positive whole number, got 0"),
+    (["--sequence-length", "-8"], "sequence_length must be a positive whole number, got -8"),
+    (["--budget", "0GiB"], "A memory budget must be a positive whole number, got 0"),
+])
+def test_non_positive_sizes_are_refused_by_the_api_and_the_cli(flags, message, capsys):
+    """`zoo plan dec-1b --batch-size 0` printed a table with "auto: none"; the CLI and the API share
+    one check (zoo.checks.positive)."""
+    assert main(["plan", "dec-1b", *flags]) == 2
+    assert message in capsys.readouterr().err
+    with pytest.raises(ValueError, match="must be a positive whole number"):
+        memory.estimate("dec-1b", 0, 512)
+    with pytest.raises(ValueError, match="budget_bytes must be a positive whole number"):
+        memory.largest_batch("dec-1b", 512, 0)

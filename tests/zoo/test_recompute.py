@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import zoo
 from tests.common import TINY, TINY_DEC, allocator_peak
-from zoo import recompute
+from zoo.ops import recompute
 
 FAMILIES = {"enc-base": dict(TINY, dropout=0.1), "dec-base": dict(TINY_DEC, dropout=0.1)}
 BATCH, SEQ = 2, 16

@@ -6,6 +6,7 @@ import pytest
 import zoo
 from tests.common import TINY, TINY_DEC
 from zoo import models as zoo_models
+from zoo import shapes
 
 # docs/design-notes.md's reference parameter counts for the ladder.
 REFERENCE = {
@@ -24,16 +25,18 @@ def test_num_params_within_two_percent_of_reference(name):
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCE))
-def test_num_params_equals_built_model(name):
-    # Same family, tying and head layout as the registered spec, shrunk so the unit
-    # test stays small (benchmarks/param_counts.py builds the full-size ones).
+def test_shapes_equal_the_built_layers(name):
+    """zoo.shapes (num_params and the planner read it) against the built variables, for every task of the
+    family: the registered shape's structure (tying, grouped-query heads), shrunk so the unit test stays
+    small (benchmarks/param_counts.py builds the full-size ones)."""
     s = zoo.spec(name)
-    heads = {"bert": ("backbone", "masked_lm", "classifier"), "llama": ("backbone", "causal_lm")}[s.family]
     kv = {"num_kv_heads": 2} if s.num_kv_heads != s.num_heads else {}
-    for task in heads:
+    for task in shapes.TASKS[s.family]:
         extra = {"num_classes": 3} if task == "classifier" else {}
         model = zoo.get(name, task=task, **TINY, **kv, **extra)
-        assert model.count_params() == model.spec.num_params(task, **({"num_classes": 3} if extra else {}))
+        assert shapes.variable_shapes(model.spec, task, **extra) == [tuple(v.shape) for v in model.trainable_variables]
+        assert model.count_params() == model.spec.num_params(task, **extra)
+    assert set(shapes.TASKS[s.family]) == set(zoo_models.TASKS[s.family])
 
 
 def test_unknown_model_lists_known():

@@ -65,19 +65,41 @@ def test_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
 
 
-LEAVES = ("zoo.recompute", "zoo.ordering")  # TensorFlow-only helpers the layers may use
+# Who may import whom inside zoo (README: Architecture). A module of a group imports zoo modules of the
+# groups listed only; export, generation, loading, hub and cli sit on top and may import any of these.
+PURE = {"zoo.registry", "zoo.shapes", "zoo.checks", "zoo.files"}  # pure Python: no TensorFlow, no Keras
+RULES = {
+    **{module: PURE for module in PURE},
+    "zoo.ops": {"zoo.ops"},  # TensorFlow-only tensor functions
+    "zoo.layers": {"zoo.layers", "zoo.ops"},
+    "zoo.training": {"zoo.training", "zoo.ops", "zoo.checks"},
+    "zoo.models": {"zoo.models", "zoo.layers", "zoo.ops", "zoo.training", *PURE},
+    "zoo.memory": {"zoo.memory", "zoo.ops", *PURE},
+}
 
 
-def test_leaves_import_nothing_from_zoo():
+def group(module: str):
+    """The RULES key `module` belongs to (the longest matching package), or None."""
+    keys = [k for k in RULES if module == k or module.startswith(k + ".")]
+    return max(keys, key=len) if keys else None
+
+
+def test_every_group_imports_only_what_its_rule_allows():
     graph = import_graph()
-    assert {leaf: graph[leaf] for leaf in LEAVES} == {leaf: set() for leaf in LEAVES}
-
-
-def test_layers_import_only_layers_and_leaves():
-    graph = import_graph()
+    broken = {}
     for module, edges in graph.items():
-        if module.startswith("zoo.layers"):
-            assert all(e.startswith("zoo.layers") or e in LEAVES for e in edges), (module, edges)
+        rule = group(module)
+        if rule is not None:
+            bad = sorted(e for e in edges if e.startswith("zoo") and group(e) not in RULES[rule])
+            if bad:
+                broken[module] = bad
+    assert broken == {}
+
+
+def test_the_rules_catch_an_upward_import():
+    graph = {"zoo.layers.block": {"zoo.models.base"}, "zoo.ops.x": {"zoo.layers.attention"}}
+    assert [m for m, edges in graph.items() if any(group(e) not in RULES[group(m)] for e in edges)] == [
+        "zoo.layers.block", "zoo.ops.x"]
 
 
 def test_import_zoo_makes_the_submodules_attributes():

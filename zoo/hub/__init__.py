@@ -28,14 +28,14 @@ import os
 import tempfile
 from pathlib import Path
 
+from zoo import registry
 from zoo.files import atomic_path
 from zoo.hub import bert, llama, weights
 from zoo.hub.gguf import convert_gguf
 from zoo.hub.tokenizers import load_tokenizer, read_json, save_tokenizer
 from zoo.hub.weights import INDEX, WEIGHTS, Entry
 from zoo.models import build
-from zoo.registry import ModelSpec, names
-from zoo.registry import spec as registered_spec
+from zoo.registry import ModelSpec
 
 FAMILIES = {module.FAMILY: module for module in (bert, llama)}
 # Hugging Face architecture -> (zoo family, zoo task).
@@ -131,8 +131,8 @@ def match_registered(spec: ModelSpec):
     >>> match_registered(zoo.spec("dec-base").replace(dropout=0.1))
     'dec-base'
     """
-    for name in names():
-        candidate = registered_spec(name)
+    for name in registry.names():
+        candidate = registry.spec(name)
         if candidate.replace(description="", dropout=spec.dropout) == spec.replace(description=""):
             return name
     return None
@@ -156,7 +156,7 @@ def weight_map(model) -> list[Entry]:
 
 
 # --- reading ---------------------------------------------------------------------------
-def resolve(repo_id_or_path) -> Path:
+def local_folder(repo_id_or_path) -> Path:
     """A local folder as is, or a Hub repo id downloaded through `huggingface_hub` (its
     cache, `HF_HUB_OFFLINE`, `HF_TOKEN`), fetching only config, safetensors and
     tokenizer files, never pickles.
@@ -172,7 +172,7 @@ def resolve(repo_id_or_path) -> Path:
         OSError: a repo id that is neither reachable nor cached.
 
     Example:
-    >>> resolve("sentence-transformers/all-MiniLM-L6-v2").name  # a snapshot in the Hub cache
+    >>> local_folder("sentence-transformers/all-MiniLM-L6-v2").name  # a snapshot in the Hub cache
     """
     path = Path(os.path.expanduser(str(repo_id_or_path)))
     if path.is_dir():
@@ -241,13 +241,13 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
     >>> model = load("path/to/all-MiniLM-L6-v2", task="classifier", num_classes=8)
     >>> model.tokenizer("A man is playing a guitar.")
     """
-    folder = resolve(repo_id_or_path)
+    folder = local_folder(repo_id_or_path)
     config = read_json(folder / "config.json")
     if not config:
         raise FileNotFoundError(f"{folder} has no config.json; it is not a Hugging Face model folder.")
     spec, own_task, task_args = spec_from_config(config)
     if name is not None and not isinstance(name, ModelSpec):
-        expected = registered_spec(name)
+        expected = registry.spec(name)
         diff = [f"{f}: checkpoint {ours!r}, {name} {theirs!r}" for f, ours, theirs in spec.shape_differences(expected)]
         if diff:
             raise ValueError(f"{folder} is not a {name!r} checkpoint ({'; '.join(diff)}); "
@@ -340,6 +340,6 @@ def push(model, repo_id, tokenizer=None, private=None, token=None, commit_messag
 
 __all__ = [
     "ARCHITECTURES", "FAMILIES", "INDEX", "WEIGHTS", "Entry", "config_from_spec", "convert_gguf", "load",
-    "load_tokenizer", "load_weights", "match_registered", "push", "resolve", "save", "save_tokenizer",
+    "load_tokenizer", "load_weights", "match_registered", "local_folder", "push", "save", "save_tokenizer",
     "spec_from_config", "weight_map",
 ]

@@ -16,19 +16,7 @@ BPE_FILES = ("vocab.json", "merges.txt")
 
 
 def read_json(path) -> dict:
-    """A JSON file's contents, or {} when it does not exist, because most files of a
-    Hugging Face folder (tokenizer_config.json, ...) are optional.
-
-    Args:
-        path: a file path.
-
-    Returns:
-        The parsed JSON, or {}.
-
-    Example:
-    >>> read_json("all-MiniLM-L6-v2/tokenizer_config.json")["do_lower_case"]
-    True
-    """
+    """A JSON file's contents, or {} when it does not exist (most files of a Hugging Face folder are optional)."""
     path = Path(path)
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
 

@@ -25,22 +25,10 @@ INDEX = "model.safetensors.index.json"
 
 @dataclass
 class Entry:
-    """One Hugging Face tensor and the zoo variable that holds it.
-
-    The weight map is a list of these; keeping the transpose flag beside the name
-    is what lets load and save share one table.
-
-    Args:
-        key: the tensor name without the base-model prefix (`bert.`, `model.`).
-        variable: the Keras variable.
-        transpose: True for a Dense kernel (Keras [in, out], Hugging Face [out, in]).
-        group: the part of the model it belongs to: "backbone", "pooler", "mlm",
-            "classifier" or "lm_head". A missing backbone tensor is an error; a
-            missing head is freshly initialised.
-
-    Example:
-    >>> Entry("pooler.dense.weight", model.pooler.kernel, transpose=True, group="pooler")
-    """
+    """One Hugging Face tensor and the zoo variable that holds it: `key` without the base-model prefix,
+    `transpose` for a Dense kernel (Keras [in, out], Hugging Face [out, in]), and `group` ("backbone",
+    "pooler", "mlm", "classifier", "lm_head"): a missing backbone tensor is an error, a missing head is
+    freshly initialised."""
 
     key: str
     variable: object
@@ -49,21 +37,7 @@ class Entry:
 
 
 def dense(prefix, layer, group="backbone") -> list[Entry]:
-    """The entries of a Keras `Dense` stored as a Hugging Face `Linear`, so that
-    every family maps its projections the same way.
-
-    Args:
-        prefix: the Hugging Face module name ("encoder.layer.0.attention.self.query").
-        layer: the Keras `Dense` layer.
-        group: the entries' group (see `Entry`).
-
-    Returns:
-        `[weight (transposed), bias]`, or only the weight when the layer has no bias.
-
-    Example:
-    >>> [e.key for e in dense("pooler.dense", backbone.pooler)]
-    ['pooler.dense.weight', 'pooler.dense.bias']
-    """
+    """The entries of a Keras `Dense` stored as a Hugging Face `Linear` (weight transposed, then bias)."""
     entries = [Entry(f"{prefix}.weight", layer.kernel, True, group)]
     if layer.use_bias:
         entries.append(Entry(f"{prefix}.bias", layer.bias, False, group))
@@ -71,21 +45,7 @@ def dense(prefix, layer, group="backbone") -> list[Entry]:
 
 
 def norm(prefix, layer, group="backbone") -> list[Entry]:
-    """The entries of a Keras LayerNormalization / RMSNormalization stored as a
-    Hugging Face LayerNorm / RMSNorm (`weight`, and `bias` when centred).
-
-    Args:
-        prefix: the Hugging Face module name ("embeddings.LayerNorm", "norm").
-        layer: the Keras normalisation layer.
-        group: the entries' group (see `Entry`).
-
-    Returns:
-        `[weight]` or `[weight, bias]`.
-
-    Example:
-    >>> [e.key for e in norm("norm", backbone.final_norm)]
-    ['norm.weight']
-    """
+    """The entries of a LayerNormalization / RMSNormalization stored as a Hugging Face norm (weight, bias)."""
     entries = [Entry(f"{prefix}.weight", layer.gamma if hasattr(layer, "gamma") else layer.scale, False, group)]
     if getattr(layer, "beta", None) is not None:
         entries.append(Entry(f"{prefix}.bias", layer.beta, False, group))
@@ -93,59 +53,22 @@ def norm(prefix, layer, group="backbone") -> list[Entry]:
 
 
 def hf_name(entry: Entry, family, task: str) -> str:
-    """The full tensor name of an entry in the task's Hugging Face model, because a
-    task model nests the backbone under a prefix (`bert.`, `model.`) and a bare one does not.
-
-    Args:
-        entry: an `Entry` of the family's weight map.
-        family: the family module (its `BASE_PREFIX`).
-        task: the zoo task being saved or loaded.
-
-    Returns:
-        The tensor name as transformers' model of that task holds it.
-
-    Example:
-    >>> hf_name(Entry("norm.weight", v), llama, "causal_lm")
-    'model.norm.weight'
-    """
+    """The full tensor name in the task's Hugging Face model: a task model nests the backbone under
+    `family.BASE_PREFIX` ("bert.", "model."), a bare backbone does not."""
     if task != "backbone" and entry.group in ("backbone", "pooler"):
         return family.BASE_PREFIX + entry.key
     return entry.key
 
 
 def hf_shape(entry: Entry) -> tuple:
-    """The shape of an entry's tensor in the Hugging Face file (a Dense kernel's is
-    transposed), so that shape errors name what the file should hold.
-
-    Args:
-        entry: an `Entry`.
-
-    Returns:
-        The shape as a tuple.
-
-    Example:
-    >>> hf_shape(Entry("lm_head.weight", reverse_embeddings, transpose=True))  # variable [576, 49152]
-    (49152, 576)
-    """
+    """The entry's shape as the Hugging Face file holds it (a Dense kernel's transposed)."""
     shape = tuple(entry.variable.shape)
     return shape[::-1] if entry.transpose else shape
 
 
 def normalise(key: str, family) -> str:
-    """A checkpoint tensor name as the weight map names it, so that a backbone saved
-    alone or inside a task model, and TF-era names, all load the same.
-
-    Args:
-        key: a tensor name from a safetensors file.
-        family: the family module (its `BASE_PREFIX` and `LEGACY_NAMES`).
-
-    Returns:
-        The name without the base-model prefix, legacy fragments renamed.
-
-    Example:
-    >>> normalise("bert.embeddings.LayerNorm.gamma", bert)
-    'embeddings.LayerNorm.weight'
-    """
+    """A checkpoint tensor name as the weight map names it: the base-model prefix dropped and TF-era
+    fragments renamed, so a backbone saved alone, inside a task model, or by TF-era code loads the same."""
     prefix = family.BASE_PREFIX
     key = key[len(prefix):] if key.startswith(prefix) else key
     for old, new in family.LEGACY_NAMES.items():
@@ -154,21 +77,8 @@ def normalise(key: str, family) -> str:
 
 
 def weight_files(folder: Path) -> dict[str, Path]:
-    """tensor name -> safetensors file (one file, or the shards the index names).
-
-    Refuses a folder of PyTorch pickles with the one-line conversion, because
-    unpickling can run arbitrary code.
-
-    Args:
-        folder: a Hugging Face model folder.
-
-    Returns:
-        A dict from every tensor name to the file holding it.
-
-    Example:
-    >>> weight_files(Path("all-MiniLM-L6-v2"))["embeddings.word_embeddings.weight"].name
-    'model.safetensors'
-    """
+    """tensor name -> the safetensors file holding it (one file, or the shards the index names).
+    A folder of PyTorch pickles is refused with the one-line conversion: unpickling can run code."""
     from safetensors import safe_open
 
     if (folder / INDEX).exists():
@@ -261,20 +171,8 @@ def load_into(model, folder, family, strict=True) -> list[str]:
 
 
 def cast(array, dtype: str):
-    """A checkpoint array in the variable's dtype, converted in numpy before it reaches
-    TensorFlow (bfloat16 through ml_dtypes), so that bfloat16 files load into float32 models.
-
-    Args:
-        array: a numpy array read from safetensors.
-        dtype: the variable's dtype name ("float32", "bfloat16", ...).
-
-    Returns:
-        The array itself when the dtype already matches, else a converted copy.
-
-    Example:
-    >>> cast(np.ones(2, ml_dtypes.bfloat16), "float32").dtype
-    dtype('float32')
-    """
+    """A checkpoint array in the variable's dtype, converted in numpy (bfloat16 through ml_dtypes), so
+    that bfloat16 files load into float32 models."""
     import ml_dtypes
 
     target = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
@@ -320,21 +218,8 @@ def save_from(model, folder, family, max_shard_size=None) -> list[str]:
 
 
 def shards(tensors: dict, max_shard_size) -> list[list[str]]:
-    """Tensor names grouped, in order, into shards of at most `max_shard_size` bytes, so
-    that large checkpoints are written as Hugging Face shards.
-
-    Args:
-        tensors: name -> numpy array, in file order.
-        max_shard_size: bytes per shard; None or 0 for one group. A tensor larger than
-            that gets a shard of its own.
-
-    Returns:
-        A list of lists of tensor names.
-
-    Example:
-    >>> shards({"a": np.zeros(4, "float32"), "b": np.zeros(4, "float32")}, 16)
-    [['a'], ['b']]
-    """
+    """Tensor names grouped, in order, into shards of at most `max_shard_size` bytes (None or 0: one
+    group); a tensor larger than that gets a shard of its own."""
     if not max_shard_size:
         return [list(tensors)]
     groups, current, size = [], [], 0

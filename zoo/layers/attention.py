@@ -1,5 +1,5 @@
 """Multi-head attention with grouped-query heads, optional rotary positions and
-a choice of attention core (`zoo.layers.attention_core`).
+a choice of attention core (`zoo.ops.attention_core`).
 
 Projections are separate `Dense` layers (q, k, v, o) so that Hugging Face
 `BertSelfAttention` and `LlamaAttention` weights map one tensor to one kernel.
@@ -10,9 +10,9 @@ like the checkpointing policy: they change memory and speed, never the weights.
 import keras
 from keras import ops
 
-from zoo.layers.attention_core import attention, check_chunk_size, check_core
 from zoo.layers.initializers import init
-from zoo.recompute import recompute
+from zoo.ops.attention_core import attention, check_chunk_size, check_core
+from zoo.ops.recompute import recompute
 
 
 class Attention(keras.layers.Layer):

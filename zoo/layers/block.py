@@ -11,9 +11,9 @@ happens when training: inference graphs never contain the wrapper.
 import keras
 
 from zoo.layers.attention import Attention
-from zoo.layers.dropout import stateless_dropout
 from zoo.layers.feedforward import FeedForward
-from zoo.recompute import recompute, resolve
+from zoo.ops.dropout import stateless_dropout
+from zoo.ops.recompute import policy_name, recompute
 
 
 class TransformerBlock(keras.layers.Layer):
@@ -44,7 +44,7 @@ class TransformerBlock(keras.layers.Layer):
             rope_scaling=dict(rope_scaling) if rope_scaling else None, causal=causal,
         )
         self.pre_norm, self.dropout = pre_norm, dropout
-        self.checkpointing = resolve(checkpointing)
+        self.checkpointing = policy_name(checkpointing)
         policy = self.dtype_policy
         self.attention = Attention(
             num_heads, num_kv_heads, head_dim, use_bias=use_bias, rotary_theta=rotary_theta,
@@ -78,7 +78,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def replay(self, x, padding_mask, seed):
         """The block in training with a given dropout seed: the same function every time it
-        is called, which is what recomputation and the fused update (zoo.fused) rely on."""
+        is called, which is what recomputation and the fused update (zoo.training.fused) rely on."""
         return self._forward(x, mask=padding_mask, seed=seed, training=True)[0]
 
     def decode(self, x, padding_mask, cache, cache_index):

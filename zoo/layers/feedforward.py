@@ -3,8 +3,8 @@
 import keras
 from keras import ops
 
-from zoo.layers.activations import gelu
 from zoo.layers.initializers import init
+from zoo.ops.activations import gelu
 
 
 class FeedForward(keras.layers.Layer):

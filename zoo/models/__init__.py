@@ -4,7 +4,7 @@ import keras
 
 from zoo.models.decoder import DecoderBackbone, DecoderCausalLM
 from zoo.models.encoder import EncoderBackbone, EncoderClassifier, EncoderMaskedLM
-from zoo.recompute import resolve
+from zoo.ops.recompute import policy_name
 from zoo.registry import PRECISIONS, ModelSpec
 
 # family -> task -> class. The task names are the ones recipes, export and the Hub format use.
@@ -32,7 +32,7 @@ def build(spec: ModelSpec, task=None, checkpointing=None, dtype=None, **task_arg
     >>> build(zoo.spec("dec-base").replace(num_layers=2), checkpointing="full").task
     'causal_lm'
     """
-    policy = resolve(checkpointing)
+    policy = policy_name(checkpointing)
     if dtype is not None and dtype not in PRECISIONS:
         raise ValueError(f"Unknown dtype policy {dtype!r}; known: {', '.join(PRECISIONS)}.")
     task = task or spec.default_task

@@ -9,10 +9,11 @@ config is the spec itself, so a saved model rebuilds the same shape.
 import keras
 import numpy as np
 
-from zoo import fused, training
+from zoo import checks
 from zoo.layers.block import TransformerBlock
-from zoo.recompute import resolve
+from zoo.ops.recompute import policy_name
 from zoo.registry import ModelSpec
+from zoo.training import fused, step
 
 
 def as_spec(spec) -> ModelSpec:
@@ -53,7 +54,8 @@ class ZooModel(keras.Model):
 
     task = None
 
-    def _finish(self, spec, inputs, outputs, dtype, **kwargs):
+    def _init_functional(self, spec, inputs, outputs, dtype, **kwargs):
+        """keras.Model.__init__ of the functional graph the subclass built, and the spec as its config."""
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
         # Functional models drop `dtype`; compile() reads it to add loss scaling for float16.
         self.dtype_policy = keras.dtype_policies.get(dtype)
@@ -83,10 +85,9 @@ class ZooModel(keras.Model):
         >>> model.set_checkpointing("selective")
         'selective'
         """
-        policy = resolve(policy)
-        if self.fused_update and policy != "full":
-            raise ValueError(f"The fused update needs checkpointing='full'; turn it off first "
-                             f"(model.set_fused_update(False)) to use {policy!r}.")
+        policy = policy_name(policy)
+        if self.fused_update:
+            checks.fused(policy)
         for block in blocks_of(self):
             block.checkpointing = policy
         self._drop_compiled_functions()
@@ -114,7 +115,7 @@ class ZooModel(keras.Model):
     fused_update = None  # the fused update's clip mode ("global", "per-block"), or None when off
 
     def set_fused_update(self, enabled=True, clip="global"):
-        """Apply the optimizer inside the backward pass, block by block (zoo.fused), so that
+        """Apply the optimizer inside the backward pass, block by block (zoo.training.fused), so that
         the gradients of the whole model never exist at once. Needs `full` checkpointing;
         call before `fit` (compiled functions retrace; weights and optimizer state stay).
 
@@ -133,26 +134,30 @@ class ZooModel(keras.Model):
         >>> model.compile(optimizer=keras.optimizers.AdamW(1e-4, global_clipnorm=1.0), loss=...)
         """
         if enabled:
-            fused.check_model(self)
+            fused.check_fusable(self)
         self.fused_update = fused.check_clip(clip) if enabled else None
         self._drop_compiled_functions()
         return self.fused_update
 
     def train_step(self, data):
+        """Which training step runs is decided here, and only here: the fused update when
+        `set_fused_update` turned it on; a loss made from the backbone's outputs when the model
+        has one (`loss_from_backbone`: the causal LM's chunked loss); otherwise Keras' own step."""
         if self.fused_update:
             return fused.train_step(self, data, self.fused_update)
-        if self.trains_from_backbone():
-            return training.backbone_step(self, data)
+        if self.loss_from_backbone():
+            return step.backbone_step(self, data)
         return super().train_step(data)
 
-    def trains_from_backbone(self) -> bool:
-        """Whether `training_loss` is computed from the backbone's outputs without the model's
-        whole output (see DecoderCausalLM's chunked loss)."""
+    def loss_from_backbone(self) -> bool:
+        """Whether `training_loss` makes the loss from the backbone's outputs without this
+        model's whole output (DecoderCausalLM's chunked loss)."""
         return False
 
     def training_loss(self, backbone_outputs, x, y, sample_weight):
         """(loss, outputs) of one training batch, from the backbone's outputs: the compiled
-        loss of `task_head`'s outputs. The fused update and `backbone_step` call it."""
+        loss of `task_head`'s outputs. The fused update and `backbone_step` call it; outputs
+        are None where the loss updated the metrics itself."""
         y_pred = self.task_head(backbone_outputs, x, training=True)
         return self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True), y_pred
 

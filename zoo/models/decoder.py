@@ -2,14 +2,16 @@
 and grouped-query attention, whose weights map 1:1 onto Hugging Face
 `LlamaForCausalLM` (tied or untied LM head)."""
 
+import warnings
+
 import keras
 import tensorflow as tf
 from keras import ops
 from keras_hub.layers import ReversibleEmbedding
 
 from zoo.layers.initializers import init
-from zoo.lm_loss import check_chunk, chunked_lm_loss
 from zoo.models.base import ZooModel, as_spec, make_blocks, token_inputs
+from zoo.ops.lm_loss import check_chunk, chunked_lm_loss
 
 
 @keras.saving.register_keras_serializable(package="zoo")
@@ -33,13 +35,13 @@ class DecoderBackbone(ZooModel):
         x = self.embed(inputs)
         for block in self.blocks:
             x = block(x, padding_mask=inputs["padding_mask"])
-        self._finish(spec, inputs, self.finish(x), dtype, **kwargs)
+        self._init_functional(spec, inputs, self.final_outputs(x), dtype, **kwargs)
 
     def embed(self, inputs, training=None):
         """Token ids -> the first block's input."""
         return self.token_embedding(inputs["token_ids"])
 
-    def finish(self, x, training=None):
+    def final_outputs(self, x, training=None):
         """The last block's output -> the backbone's outputs."""
         return {"sequence_output": self.final_norm(x)}
 
@@ -59,43 +61,61 @@ class DecoderCausalLM(ZooModel):
         spec = as_spec(spec)
         self.backbone = DecoderBackbone(spec, checkpointing, dtype, name="backbone")
         inputs = dict(self.backbone.input)
-        self._finish(spec, inputs, self.task_head(self.backbone(inputs), inputs), dtype, **kwargs)
+        self._init_functional(spec, inputs, self.task_head(self.backbone(inputs), inputs), dtype, **kwargs)
 
     def task_head(self, backbone_outputs, inputs, training=None):
         """The backbone's outputs -> this model's outputs (what `fit`'s loss reads)."""
         return {"logits": self.lm_logits(backbone_outputs["sequence_output"])}
 
-    loss_chunk = None  # positions per chunk of the training loss: None = zoo.lm_loss's choice, 0 = unchunked
+    loss_chunk = None  # positions per chunk of the training loss: None = zoo.ops.lm_loss's choice, 0 = unchunked
 
     def set_loss_chunk(self, chunk_size=None):
-        """How `fit` computes the causal-LM loss: over chunks of `chunk_size` positions
-        (None: zoo.lm_loss picks it; the default), so that the float32 [B, S, vocab] logits
-        never exist whole, or unchunked (0). Same loss and gradients either way.
-
-        The chunked loss is used when the model is compiled with
-        `SparseCategoricalCrossentropy(from_logits=True)` on "logits" and no metrics (which
-        would need the logits); otherwise `fit` computes the whole logits as Keras does.
-        """
+        """How `fit` computes the causal-LM loss: over chunks of `chunk_size` positions (None:
+        zoo.ops.lm_loss picks it; the default), so that the float32 [B, S, vocab] logits never
+        exist whole, or unchunked (0). Same loss, gradients and metrics either way."""
         if chunk_size not in (None, 0):
             check_chunk(chunk_size)
         self.loss_chunk = chunk_size
         self._drop_compiled_functions()
         return chunk_size
 
-    def trains_from_backbone(self) -> bool:
-        if self.loss_chunk == 0 or self._compile_metrics is not None:
+    def loss_from_backbone(self) -> bool:
+        """The chunked loss trains unless `set_loss_chunk(0)` asked for whole logits, or the model
+        is compiled with a loss it does not compute (only SparseCategoricalCrossentropy from logits,
+        with Keras' default reduction): then Keras' step runs, with a warning, and an explicit
+        chunk size is refused. Compiled metrics are updated chunk by chunk."""
+        if self.loss_chunk == 0 or self.loss is None:
             return False
         loss = self.loss.get("logits") if isinstance(self.loss, dict) and len(self.loss) == 1 else self.loss
-        return (isinstance(loss, keras.losses.SparseCategoricalCrossentropy) and loss.from_logits
-                and loss.ignore_class is None and loss.reduction == "sum_over_batch_size")
+        if (isinstance(loss, keras.losses.SparseCategoricalCrossentropy) and loss.from_logits
+                and loss.ignore_class is None and loss.reduction == "sum_over_batch_size"):
+            return True
+        if self.loss_chunk is not None:
+            raise ValueError(f"set_loss_chunk({self.loss_chunk}) needs the model compiled with "
+                             "SparseCategoricalCrossentropy(from_logits=True) on 'logits' (no ignore_class, the "
+                             f"default reduction); it is compiled with {loss!r}. Compile with that loss, or call "
+                             "set_loss_chunk(0) to train on whole logits.")
+        warnings.warn(f"{type(self).__name__}: the compiled loss {loss!r} is not one the chunked loss computes, so "
+                      "training makes the whole float32 [batch, sequence, vocab] logits. Compile with "
+                      "SparseCategoricalCrossentropy(from_logits=True) to keep one chunk of them.", stacklevel=2)
+        return False
 
     def training_loss(self, backbone_outputs, x, y, sample_weight):
-        if not self.trains_from_backbone():
+        if not self.loss_from_backbone():
             return super().training_loss(backbone_outputs, x, y, sample_weight)
         y = y["logits"] if isinstance(y, dict) else y
-        loss = chunked_lm_loss(backbone_outputs["sequence_output"], self.lm_logits, y, self.loss_chunk or None,
-                               sample_weight)
+        loss = chunked_lm_loss(backbone_outputs["sequence_output"], self.lm_logits, y, self.loss_chunk,
+                               sample_weight, on_chunk=self._update_metrics)
         return loss, None
+
+    def _update_metrics(self, labels, logits, weights):
+        """The compiled metrics on one chunk of positions: Keras metrics accumulate, so after the last
+        chunk they hold the whole batch's figure. Returns their values, read after the update."""
+        metrics = self._compile_metrics
+        if metrics is None:
+            return ()
+        metrics.update_state(labels, {"logits": logits}, weights)
+        return [v.value for v in metrics.variables]
 
     def lm_logits(self, sequence_output):
         """The LM head: normed hidden states [..., H] -> float32 logits [..., vocab]."""

@@ -44,7 +44,7 @@ class EncoderBackbone(ZooModel):
         x = self.embed(inputs)
         for block in self.blocks:
             x = block(x, padding_mask=inputs["padding_mask"])
-        self._finish(spec, inputs, self.finish(x), dtype, **kwargs)
+        self._init_functional(spec, inputs, self.final_outputs(x), dtype, **kwargs)
 
     def embed(self, inputs, training=None):
         """Token, position and segment ids -> the first block's input."""
@@ -52,7 +52,7 @@ class EncoderBackbone(ZooModel):
         x = tokens + self.position_embedding(tokens) + self.segment_embedding(inputs["segment_ids"])
         return self.embeddings_dropout(self.embeddings_norm(x), training=training)
 
-    def finish(self, x, training=None):
+    def final_outputs(self, x, training=None):
         """The last block's output -> the backbone's outputs."""
         outputs = {"sequence_output": x}
         if self.use_pooler:
@@ -86,7 +86,7 @@ class EncoderMaskedLM(ZooModel):
         inputs = dict(self.backbone.input)
         inputs["mask_positions"] = keras.Input(shape=(None,), dtype="int32", name="mask_positions")
         outputs = self.backbone({k: v for k, v in inputs.items() if k != "mask_positions"})
-        self._finish(spec, inputs, self.task_head(outputs, inputs), dtype, **kwargs)
+        self._init_functional(spec, inputs, self.task_head(outputs, inputs), dtype, **kwargs)
 
     def task_head(self, backbone_outputs, inputs, training=None):
         """The backbone's outputs -> this model's outputs (what `fit`'s loss reads)."""
@@ -110,7 +110,7 @@ class EncoderClassifier(ZooModel):
             num_classes, kernel_initializer=init(), dtype=dtype, name="classifier"
         )
         inputs = dict(self.backbone.input)
-        self._finish(spec, inputs, self.task_head(self.backbone(inputs), inputs), dtype, **kwargs)
+        self._init_functional(spec, inputs, self.task_head(self.backbone(inputs), inputs), dtype, **kwargs)
 
     def task_head(self, backbone_outputs, inputs, training=None):
         """The backbone's outputs -> this model's outputs (what `fit`'s loss reads)."""

@@ -1,17 +1,13 @@
-"""How a zoo model takes a training step where it differs from Keras' own.
-
-`ZooModel.train_step` picks one of three:
-  - the fused update (`zoo.fused`), when `model.set_fused_update()` turned it on;
-  - `backbone_step`, when the model's loss is computed from the backbone's outputs without
-    making the model's whole output first (the causal LM's chunked loss, `zoo.lm_loss`);
-  - otherwise Keras' own `train_step`.
-All three report the loss and metrics as Keras does, so `fit`, its callbacks and progress
-bar see no difference.
+"""The parts of a training step the zoo's steps share with Keras', and `backbone_step`: Keras'
+step with the loss made from the backbone's outputs (the causal LM's chunked loss). Which step
+runs is decided in `ZooModel.train_step`. Each reports the loss and metrics as Keras does, so
+`fit`, its callbacks and its progress bar see no difference.
 """
 
 import keras
 import tensorflow as tf
-from keras.src.losses.loss import unscale_loss_for_distribution
+
+from zoo.training.keras_optimizer import unscale_loss_for_distribution
 
 
 def track_loss(model, x, loss):
@@ -21,7 +17,7 @@ def track_loss(model, x, loss):
 
 
 def metrics(model, x, y, y_pred, sample_weight):
-    """The step's logs. Without outputs (a chunked loss makes none) only the loss is reported."""
+    """The step's logs. Without outputs (a chunked loss updated the metrics itself) they are read as they are."""
     if y_pred is None:
         return model.get_metrics_result()
     return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)

@@ -1,26 +1,15 @@
 """A chunked causal-LM loss: the float32 [B, S, vocab] logits never exist whole.
 
-`chunked_lm_loss(hidden, head, labels)` equals
-`keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, head(hidden))`
-(reduction "sum_over_batch_size") in value and in its gradients w.r.t. `hidden` and the
-variables `head` reads. It walks the positions a chunk at a time; each chunk's logits
-make its loss and, at once, its gradients (for an incoming gradient of 1), after which the
-logits are dropped. The backward pass only scales what the forward pass computed, so the
-work is the unchunked loss's: three head matmuls per position. What is kept from forward to
-backward, d hidden [B, S, H] and the head's float32 gradients, is what the unchunked
-backward makes anyway.
-
-The chunks are a Python loop over the static sequence length (a graph `while_loop` with
-accumulators at vocab 32000 trips a Grappler bug on this stack: "AlreadyExistsError ...
-ArithmeticOptimizer/AddOpsRewrite .../tmp_var"). TF's executor runs whatever is ready, so
-each chunk's input waits for the previous chunk's results (zoo.ordering): one chunk's
-[B, c, vocab] tensors are alive at a time.
+`chunked_lm_loss(hidden, head, labels)` equals Keras' `SparseCategoricalCrossentropy(from_logits=True)`
+of `head(hidden)` in value and gradients. It walks the positions a chunk at a time, and each chunk's
+logits make its loss and, at once, its gradients, then are dropped; the backward pass only scales
+them. Why a Python loop and why each chunk waits for the last: docs/design-notes.md (Chunked loss).
 """
 
 import tensorflow as tf
 from tensorflow.python.eager import record
 
-from zoo.ordering import after
+from zoo.ops.ordering import after
 
 DEFAULT_LOSS_CHUNK = 512  # positions per chunk; see loss_chunk and benchmarks/lm_loss.py
 CHUNK_LOGITS_BYTES = 256 * 2**20  # a cap on one chunk's float32 logits, B * c * vocab * 4 bytes
@@ -58,7 +47,7 @@ def _head_variables(head, hidden):
     return list(variables.values()), vocab
 
 
-def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None):
+def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, on_chunk=None):
     """Mean token cross-entropy of `head(hidden)` against `labels`, a chunk of positions at a time.
 
     Args:
@@ -69,6 +58,9 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None):
         chunk_size: positions per chunk; None: `loss_chunk`'s choice.
         sample_weight: optional [B, S] (or [B, 1]) weights with Keras' "sum_over_batch_size":
             sum(loss * w) / (B * S), divided by the replicas under a tf.distribute strategy.
+        on_chunk: optional `f(labels, logits, weights)` called with each chunk's [B, c] labels,
+            float32 [B, c, vocab] logits and [B, c] weights (or None), e.g. to update metrics; the
+            tensors it returns are done before the next chunk starts.
 
     Returns:
         A float32 scalar, differentiable w.r.t. `hidden` and the head's variables.
@@ -84,7 +76,7 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None):
     if hidden.shape.rank != 3 or labels.shape.rank != 2 or seq is None:
         raise ValueError(f"hidden must be [B, S, H] with a static S, and labels [B, S]; got {hidden.shape} "
                          f"and {labels.shape}.")
-    variables, vocab = _head_variables(head, hidden)
+    head_variables, vocab = _head_variables(head, hidden)
     c = loss_chunk(hidden.shape[0] or 1, seq, vocab, chunk_size)
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     scale = tf.math.divide_no_nan(1.0, tf.cast(tf.shape(hidden)[0] * seq * replicas, tf.float32))
@@ -106,27 +98,29 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None):
             # The head's weight reads (and casts) wait for the chunk too, or every chunk's would be made at once.
             with tf.GradientTape(watch_accessed_variables=False) as tape, tf.control_dependencies([h_i]):
                 tape.watch(h_i)
-                tape.watch(variables)
-                per = tf.nn.sparse_softmax_cross_entropy_with_logits(
-                    labels=labels[:, start:start + c], logits=tf.cast(head(h_i), tf.float32))
-                chunk = tf.reduce_sum(per if weights is None else per * weights[:, start:start + c])
+                tape.watch(head_variables)
+                logits = tf.cast(head(h_i), tf.float32)
+                labels_i = labels[:, start:start + c]
+                weights_i = None if weights is None else weights[:, start:start + c]
+                per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels_i, logits=logits)
+                chunk = tf.reduce_sum(per if weights_i is None else per * weights_i)
                 scaled = chunk * (scale * inner)
-            d_h, *grads = tape.gradient(scaled, [h_i, *variables], unconnected_gradients="zero")
+            d_h, *grads = tape.gradient(scaled, [h_i, *head_variables], unconnected_gradients="zero")
+            seen = tuple(on_chunk(labels_i, logits, weights_i) or ()) if on_chunk is not None else ()
             grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
             d_vars = grads if d_vars is None else [acc + g for acc, g in zip(d_vars, grads)]
             total += chunk
             d_chunks.append(d_h)
-            previous = (d_h, total, *d_vars)  # the next chunk starts once this one's gradients exist
+            previous = (d_h, total, *d_vars, *seen)  # the next chunk starts once this one is done
         d_hidden = tf.concat(d_chunks, axis=1)
 
-        def grad(d_loss, variables=None):
+        def grad(d_loss, variables=None):  # `variables`: every variable the forward read (tf.custom_gradient)
             d_loss = tf.cast(d_loss, tf.float32) / inner
-            mine = {v.ref(): g for v, g in zip(_variables, d_vars)}
+            mine = {v.ref(): g for v, g in zip(head_variables, d_vars)}
             d_h = tf.cast(d_loss * tf.cast(d_hidden, tf.float32), d_hidden.dtype)
             return d_h, [tf.cast(d_loss * mine[v.ref()], v.dtype) if v.ref() in mine else None
                          for v in variables or []]
 
         return total * scale, grad
 
-    _variables = variables
     return loss_fn(hidden)

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from zoo.layers.dropout import replica_uniform
-from zoo.ordering import unfolded_zeros
+from zoo.ops.dropout import replica_uniform
+from zoo.ops.ordering import unfolded_zeros
 
 CORES = ("chunked", "plain")
 DEFAULT_CHUNK = 512  # a [B, H, 512, 512] float32 tile: 1 MiB per batch row and head

@@ -1,41 +1,23 @@
-"""What a training step will take, before anything is built.
-
-The analytical model: fp32 master weights, fp32 gradients and Adam's two fp32
-moments (16 bytes/param), plus activations kept for the backward pass per
-layer, following Korthikanti et al. (2022), "Reducing Activation Recomputation
-in Large Transformer Models": s·b·h·(34 + 5·a·s/h) bytes per layer with 16-bit
-activations, where 5·a·s²·b is the attention core (softmax output, dropout mask
-and dropped probabilities) that selective recomputation drops. Activations in
-float32 take twice the 16-bit figure. Under `full` only each block's input
-(2·s·b·h bytes in 16-bit) is kept, plus one block's activations while it is
-recomputed. Logits and their gradient are float32 [b, s, vocab].
-
-The chunked attention core (the default) keeps none of the 5·a·s²·b term, under
-any policy: it saves its float32 output (4·s·b·h bytes) and each row's
-log-sum-exp (4·a·s·b) instead, and works on float32 tiles of chunk × chunk
-scores, about six of them alive at once in one layer's backward pass. So its
-estimate grows linearly in s; the plain core's (`attention="plain"`) grows as s².
-
-It is an estimate, meant to rank choices and to refuse a run that cannot fit;
-`benchmarks/memory.py` measures the real figures on this stack.
+"""What a training step will take, before anything is built: the analytical model
+(Korthikanti et al. 2022's activations, plus what TensorFlow keeps beyond them), explained
+with its measurements in docs/memory.md. An estimate, meant to rank choices and to refuse a
+run that cannot fit; benchmarks/planner.py measures it against the allocator.
 """
 
-import os
 from dataclasses import asdict, dataclass
 
-from zoo import lm_loss, optimizer_state
-from zoo.layers.attention_core import DEFAULT_CHUNK, check_core
-from zoo.recompute import resolve
-from zoo.registry import ModelSpec
-from zoo.registry import spec as lookup
+from zoo import checks, registry
+from zoo.memory import optimizer_state
+from zoo.memory.budget import default_budget
+from zoo.ops import lm_loss
+from zoo.ops.attention_core import DEFAULT_CHUNK, check_core
+from zoo.ops.recompute import policy_name
+from zoo.shapes import block_shapes, count, variable_shapes
 
 GiB = 1024**3
-MiB = 1024**2
 
 # What `checkpointing="auto"` tries, fastest first.
 CONFIGS = ("none", "selective", "full", "full+fused")
-# What recipes train with, and what a plain Keras model may be compiled with ("adam" keeps AdamW's state).
-OPTIMIZERS = optimizer_state.OPTIMIZERS + ("adam", "sgd")
 MASKED_FRACTION = 0.15  # BERT's masked-LM rate: the positions a masked_lm head computes logits for
 
 
@@ -124,63 +106,13 @@ def _variable_bytes(precision: str) -> int:
 TILES_ALIVE = 6  # float32 tiles in the chunked core's backward: scores, P, dropout scale, dP, dS, dropped P
 
 
-# Variable shapes --------------------------------------------------------------
-def block_shapes(spec) -> list:
-    """The trainable variables' shapes of one transformer block, in the model's order."""
-    s = lookup(spec)
-    h, f = s.hidden_dim, s.intermediate_dim
-    q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-    if s.family == "bert":
-        return [(h, q), (q,), (h, kv), (kv,), (h, kv), (kv,), (q, h), (h,), (h, f), (f,), (f, h), (h,),
-                (h,), (h,), (h,), (h,)]
-    return [(h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h), (h,), (h,)]
-
-
-def variable_shapes(spec, task=None, num_classes: int = 2) -> list:
-    """The shapes of `zoo.get(spec, task=task).trainable_variables`, in order, without building it.
-
-    Example:
-    >>> variable_shapes("enc-base")[:2]
-    [(30522, 768), (512, 768)]
-    """
-    s = lookup(spec)
-    task = task or s.default_task
-    h, v = s.hidden_dim, s.vocab_size
-    if s.family == "bert":
-        if task not in ("backbone", "masked_lm", "classifier"):
-            raise ValueError(f"Unknown task {task!r} for family 'bert'; known: backbone, masked_lm, classifier.")
-        head = {"backbone": [(h, h), (h,)], "classifier": [(h, h), (h,), (h, num_classes), (num_classes,)],
-                "masked_lm": [(v,), (h, h), (h,), (h,), (h,)]}[task]
-        return [(v, h), (s.max_sequence_length, h), (s.num_segments, h), (h,), (h,)] + \
-            block_shapes(s) * s.num_layers + head
-    if task not in ("backbone", "causal_lm"):
-        raise ValueError(f"Unknown task {task!r} for family 'llama'; known: backbone, causal_lm.")
-    embeddings = [(v, h)] if s.tie_embeddings else [(v, h), (h, v)]
-    return embeddings + block_shapes(s) * s.num_layers + [(h,)]
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def optimizer_state_bytes(optimizer: str, shapes, variable_bytes: int = 4, accumulation_steps: int = 1) -> int:
-    """Bytes of the optimizer's slots for variables of `shapes`: zoo.optimizer_state's exact
-    rule for adamw (= adam), lion and adafactor (Keras' Adafactor keeps a full-size velocity
-    besides its factored statistics, so a little MORE than Lion); sgd keeps none."""
-    name = optimizer.lower()
-    if name not in OPTIMIZERS:
-        raise ValueError(f"Unknown optimizer {optimizer!r}; known: {', '.join(OPTIMIZERS)}.")
-    if name == "sgd":
-        return 0
-    return optimizer_state.state_bytes("adamw" if name == "adam" else name, shapes, variable_bytes,
-                                       accumulation_steps)
+    """Bytes of the optimizer's slots for variables of `shapes` (zoo.memory.optimizer_state's table)."""
+    return optimizer_state.state_bytes(optimizer, shapes, variable_bytes, accumulation_steps)
 
 
 def loss_live_bytes(batch: int, sequence_length: int, vocab_size: int, chunk_size=None) -> int:
-    """Float32 logits, softmax and gradient alive at once in the causal-LM loss (zoo.lm_loss).
+    """Float32 logits, softmax and gradient alive at once in the causal-LM loss (zoo.ops.lm_loss).
 
     chunk_size None: the loss's default chunk; 0: the whole sequence at once (unchunked).
     """
@@ -208,7 +140,7 @@ def _update_bytes(shapes, vbytes, optimizer, fused=False) -> int:
     of the largest variable (the token embedding). SGD keeps only the scaled copy. Keras' Lion
     makes four (m·β1, g·(1-β1), m·β2, g·(1-β2)) before combining any; outside the fused step two
     of them were made ahead (`_ahead_bytes`). Measured on enc-base and dec-base (README)."""
-    largest = max(_numel(shape) for shape in shapes) * vbytes
+    largest = max(count([shape]) for shape in shapes) * vbytes
     name = optimizer.lower()
     return largest * (1 if name == "sgd" else 4 if name == "lion" and fused else 2)
 
@@ -220,14 +152,13 @@ def _ahead_bytes(params, vbytes, optimizer, fused) -> int:
     dec-base measured 1.8-2.0). The fused update waits for each block's gradients: none ahead."""
     return 2 * params * vbytes if optimizer.lower() == "lion" and not fused else 0
 
-def split_config(checkpointing, fused=False) -> tuple:
+def split_config(checkpointing, fused=False, accumulation_steps: int = 1) -> tuple:
     """(policy, fused) from a checkpointing policy or a `CONFIGS` name ("full+fused")."""
     if isinstance(checkpointing, str) and checkpointing.endswith("+fused"):
         checkpointing, fused = checkpointing[: -len("+fused")], True
-    policy = resolve(checkpointing)
-    if fused and policy != "full":
-        raise ValueError(f"fused=True needs checkpointing='full' (got {policy!r}): the fused update applies "
-                         "each block's gradients while that block is recomputed; pass checkpointing='full'.")
+    policy = policy_name(checkpointing)
+    if fused:
+        checks.fused(policy, accumulation_steps)
     return policy, bool(fused)
 
 
@@ -260,14 +191,16 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
     Example:
     >>> estimate("enc-1b", 4, 512, "mixed_bfloat16", "full").total / GiB
     """
-    s: ModelSpec = lookup(spec)
-    policy, fused = split_config(checkpointing, fused)
+    s = registry.spec(spec)
+    checks.positive("batch_size", batch_size)
+    checks.positive("sequence_length", sequence_length)
     task = task or s.default_task
+    policy, fused = split_config(checkpointing, fused, accumulation_steps)
     shapes = variable_shapes(s, task)
-    params = sum(_numel(shape) for shape in shapes)
+    params = count(shapes)
     vbytes = _variable_bytes(precision)
     block = block_shapes(s)
-    block_params = sum(_numel(shape) for shape in block)
+    block_params = count(block)
 
     check_core(attention)
     b, seq, h, a = batch_size, sequence_length, s.hidden_dim, s.num_heads
@@ -310,7 +243,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
         activations=int(activations),
         logits=int(logits),
         saved_extra=int(_saved_extra(s, b, seq, precision, policy)),
-        head_gradient=max(_numel(shape) for shape in shapes) * vbytes,
+        head_gradient=max(count([shape]) for shape in shapes) * vbytes,
         update=_update_bytes(shapes, vbytes, optimizer, fused),
         recompute=int(per_layer_full + _saved_extra(s, b, seq, precision, "full") + working) if policy == "full" else 0,
         fused=fused,
@@ -334,6 +267,7 @@ def largest_batch(spec, sequence_length: int, budget_bytes: int, limit: int = 40
     Example:
     >>> largest_batch("dec-1b", 512, 24 * GiB, precision="mixed_bfloat16", checkpointing="full")
     """
+    checks.positive("budget_bytes", budget_bytes)
     best = 0
     batch = 1
     while batch <= limit and estimate(spec, batch, sequence_length, **kwargs).total <= budget_bytes:
@@ -349,7 +283,8 @@ def largest_batch(spec, sequence_length: int, budget_bytes: int, limit: int = 40
 
 
 def choose(spec, batch_size: int, sequence_length: int, budget_bytes: int | None = None,
-           precision: str = "float32", task=None, optimizer: str = "adamw", configs=CONFIGS, **kwargs) -> tuple:
+           precision: str = "float32", task=None, optimizer: str = "adamw", configs=CONFIGS,
+           accumulation_steps: int = 1, **kwargs) -> tuple:
     """What `checkpointing="auto"` picks: the first of `configs` (fastest first: none,
     selective, full, full+fused) whose estimate fits `budget_bytes`.
 
@@ -359,6 +294,7 @@ def choose(spec, batch_size: int, sequence_length: int, budget_bytes: int | None
         budget_bytes: the memory to fit in; None: `default_budget()`.
         precision, task, optimizer, **kwargs: as `estimate` takes them.
         configs: the configurations to try, in order.
+        accumulation_steps: above 1, the fused configurations are left out (they cannot accumulate).
 
     Returns:
         (config name, its `MemoryEstimate`).
@@ -369,9 +305,11 @@ def choose(spec, batch_size: int, sequence_length: int, budget_bytes: int | None
     Example:
     >>> choose("dec-1b", 1, 2048, 24 * GiB, "mixed_bfloat16")[0]
     """
-    budget = default_budget() if budget_bytes is None else int(budget_bytes)
-    estimates = {c: estimate(spec, batch_size, sequence_length, precision, c, task=task, optimizer=optimizer, **kwargs)
-                 for c in configs}
+    budget = default_budget() if budget_bytes is None else checks.positive("budget_bytes", budget_bytes)
+    if accumulation_steps > 1:
+        configs = [c for c in configs if not c.endswith("+fused")]
+    estimates = {c: estimate(spec, batch_size, sequence_length, precision, c, task=task, optimizer=optimizer,
+                             accumulation_steps=accumulation_steps, **kwargs) for c in configs}
     for config, e in estimates.items():
         if e.total <= budget:
             return config, e
@@ -383,57 +321,3 @@ def choose(spec, batch_size: int, sequence_length: int, budget_bytes: int | None
         f"No configuration of {name} fits a budget of {budget / GiB:.2f} GiB at batch {batch_size} x sequence "
         f"{sequence_length} ({precision}, {optimizer}): the smallest estimate is {estimates[smallest].total / GiB:.2f} "
         f"GiB ({smallest}). Use a smaller batch or sequence{lighter}{half}, or a larger budget.")
-
-
-def default_budget() -> int:
-    """The device's memory: the first GPU's total memory if TensorFlow sees one, else physical RAM."""
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        try:  # the memory TF's allocator may use on the GPU (its BFC pool limit)
-            return int(tf.config.experimental.get_memory_info("GPU:0").get("limit") or 0) or _gpu_total(gpus[0])
-        except (ValueError, RuntimeError):
-            return _gpu_total(gpus[0])
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def _gpu_total(gpu) -> int:
-    """A GPU's total memory as the driver reports it (nvidia-smi), 0 if unknown."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30).stdout.split()
-        return int(out[0]) * MiB
-    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-        return 0
-
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
-
-
-def parse_bytes(text) -> int:
-    """Bytes from "24GiB", "24G", "16000MiB", "1.5 GiB" or a plain number of bytes.
-
-    A bare "G"/"M"/"K" means the binary unit, as memory sizes are usually meant
-    ("24G" = 24 GiB); "GB"/"MB"/"KB" are decimal.
-
-    Example:
-    >>> parse_bytes("24GiB") == parse_bytes("24G") == 24 * 2**30
-    True
-    """
-    if isinstance(text, int):
-        return text
-    raw = str(text).strip()
-    number = raw.rstrip("aAbBgGiIkKmMtT ")
-    unit = raw[len(number):].strip().lower()
-    unit = {"g": "gib", "m": "mib", "k": "kib", "t": "tib"}.get(unit, unit)
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1
-    if unit not in _UNITS or value < 0:
-        raise ValueError(f"Cannot read {text!r} as a size: use e.g. 24GiB, 24G, 16000MiB, 512MB or bytes.")
-    return int(value * _UNITS[unit])

@@ -1,0 +1,29 @@
+"""Configuration rules that every entry point shares: the model, the recipe, the planner and
+the CLI call these, so a rule and its message live in one place. Pure Python."""
+
+
+def positive(name: str, value):
+    """`value`, refused unless it is a positive whole number (a batch, a length, a rank, a budget)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive whole number, got {value!r}.")
+    return value
+
+
+def fused(policy: str, accumulation_steps: int = 1, replicas: int = 1):
+    """Refuse what the fused update (zoo.training.fused) cannot train with. `policy` is the
+    checkpointing policy ("auto" passes: the planner then picks a fused configuration)."""
+    if policy not in ("full", "auto"):
+        raise ValueError(
+            f"The fused update needs checkpointing='full' (it recomputes each block from its saved input during "
+            f"the backward pass); got {policy!r}. Use 'full' (model.set_checkpointing('full'); a recipe's "
+            "checkpointing='full' or 'auto', `zoo train --checkpointing full`), or turn the fused update off "
+            "(model.set_fused_update(False); drop fused / --fused).")
+    if accumulation_steps > 1:
+        raise ValueError(
+            f"The fused update cannot be combined with gradient accumulation (accumulation_steps="
+            f"{accumulation_steps}): it applies each block's gradients as soon as they exist, so there is no "
+            "whole-step gradient to add up. Raise the batch size instead (the memory the fused update frees is "
+            "meant for it), or turn the fused update off.")
+    if replicas > 1:
+        raise ValueError("The fused update runs on one replica only for now; train without a strategy, or turn "
+                         "the fused update off to train data-parallel.")

@@ -1,0 +1,15 @@
+"""TensorFlow-only tensor functions: no Keras layers and no zoo imports beyond zoo.ops, so that
+layers, training steps and the planner can all build on them.
+
+  attention_core   softmax(QKᵀ/√d)·V in two cores: chunked (O(s) memory) and plain (the reference)
+  lm_loss          the chunked causal-LM loss
+  recompute        activation recomputation (tf.recompute_grad) and the policies
+  dropout          dropout from an explicit seed, equal on one device and across replicas
+  activations      a GELU that keeps less for the backward pass
+  ordering         making TF's executor wait (`after`) and zeros Grappler cannot fold
+"""
+
+from zoo.ops.attention_core import attention, chunked_attention, plain_attention
+from zoo.ops.lm_loss import chunked_lm_loss
+
+__all__ = ["attention", "chunked_attention", "chunked_lm_loss", "plain_attention"]
