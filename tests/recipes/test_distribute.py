@@ -50,8 +50,8 @@ def mirrored(tmp_path_factory):
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_mirrored_equals_one_device(mirrored, scenario):
-    """`none`, `selective`, `full` with 2 micro-batches accumulated per update (keras #20582),
-    and mixed_bfloat16 (compared with one device under the same policy)."""
+    """`none` under mixed_bfloat16 (compared with one device under the same policy), `selective`, and
+    `full` with 2 micro-batches accumulated per update (keras #20582)."""
     assert mirrored["replicas"] == 2
     got = mirrored[scenario]
     if SCENARIOS[scenario][1] == "mixed_bfloat16":

@@ -80,10 +80,12 @@ def assert_same(reference, other, rtol, zero=1e-5):
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.parametrize("mode, masked", [("eager", True), ("function", True), ("function", False), ("jit", True)])
 def test_gradients_equal_float32(name, mode, masked):
+    variants = [("none", "chunked"), ("full", "chunked"), ("selective", "chunked"), ("selective", "plain")]
+    if mode == "jit":  # each variant is an XLA compilation of its own: the two recomputed ones
+        variants = variants[1:3]
     reference = gradients(name, "none", mode, masked, core="plain")
-    for policy in ("none", "full", "selective"):
-        assert_same(reference, gradients(name, policy, mode, masked), rtol=1e-5)
-    assert_same(reference, gradients(name, "selective", mode, masked, core="plain"), rtol=1e-5)
+    for policy, core in variants:
+        assert_same(reference, gradients(name, policy, mode, masked, core=core), rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -124,8 +126,9 @@ def fit_weights(name, policy, dtype=None, steps=3):
 
 @pytest.mark.parametrize(
     "name, dtype",
-    # float32 for both families; each mixed policy on one family keeps the suite short.
-    [("enc-base", None), ("dec-base", None), ("dec-base", "mixed_bfloat16"), ("enc-base", "mixed_float16")],
+    # Each family once, each under one mixed policy (float32 gradients are compared above, under
+    # tf.function and XLA); the loss-scaled float16 step is the one most likely to drift.
+    [("dec-base", "mixed_bfloat16"), ("enc-base", "mixed_float16")],
 )
 def test_fit_reaches_same_weights(name, dtype):
     model, reference = fit_weights(name, "none", dtype)
