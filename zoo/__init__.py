@@ -8,7 +8,7 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 # Importing the models registers their classes, so keras.models.load_model works after `import zoo`.
-from zoo import export, fused, generation, hub, lm_loss, loading, memory, models
+from zoo import export, fused, generation, hub, lm_loss, loading, memory, models, optimizers
 from zoo.loading import load
 from zoo.recompute import POLICIES
 from zoo.registry import PRECISIONS, ModelSpec, names, register, spec
@@ -49,5 +49,5 @@ def get(name, checkpointing=None, dtype=None, task=None, weights=None, **overrid
 __all__ = [
     "POLICIES", "PRECISIONS", "ModelSpec", "export", "fused", "generation", "get", "hub", "lm_loss", "load", "loading",
     "memory",
-    "models", "names", "register", "spec",
+    "models", "names", "optimizers", "register", "spec",
 ]

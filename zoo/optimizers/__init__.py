@@ -9,7 +9,14 @@
 
 from zoo.optimizers.adafactor import Adafactor, state_bytes, state_shapes
 from zoo.optimizers.rounding import (
-    ROUNDINGS, WEIGHTS_DTYPES, AdamW, Lion, Rounding, check_rounding, stochastic_round, weights_policy,
+    ROUNDINGS,
+    WEIGHTS_DTYPES,
+    AdamW,
+    Lion,
+    Rounding,
+    check_rounding,
+    stochastic_round,
+    weights_policy,
 )
 
 __all__ = [

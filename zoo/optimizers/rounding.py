@@ -188,8 +188,8 @@ class Rounding:
         if not bf16:
             raise ValueError(
                 f"rounding={self.rounding!r} rounds updates into bfloat16 weights, but the model's variables are "
-                f"{', '.join(dtypes)}. Under 'mixed_bfloat16' Keras keeps float32 weights (nothing to round): build the "
-                "model with dtype='bfloat16' for bfloat16 weights, or drop rounding= to train the float32 weights.")
+                f"{', '.join(dtypes)}. Under 'mixed_bfloat16' Keras keeps float32 weights (nothing to round): build "
+                "the model with dtype='bfloat16' for bfloat16 weights, or drop rounding= to train the float32 weights.")
         if "float16" in dtypes:
             raise ValueError(f"rounding={self.rounding!r} rounds into bfloat16 only; the model also has float16 "
                              "variables. Use dtype='bfloat16', or 'mixed_float16' with rounding=None.")
