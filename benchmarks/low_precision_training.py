@@ -215,13 +215,13 @@ def main():
         print(f"{point['step']:>6} " + " ".join(f"{results[n]['curve'][i]['val_loss']:>18.4f}" for n in names))
     reference = results.get(REFERENCE, {}).get("final_val_loss")
     print(f"\n{'row':>18} {'final loss':>10} {'vs ref':>7} {'s/step':>7} {'state MiB':>9} {'weights MiB':>11} "
-          f"{'alloc GiB':>9} {'RSS GiB':>8}")
+          f"{'alloc MiB':>9} {'RSS GiB':>8}")
     for name, r in results.items():
         r["ratio_to_reference"] = r["final_val_loss"] / reference if reference else None
         ratio = f"{r['ratio_to_reference']:.4f}" if reference else "-"
         print(f"{name:>18} {r['final_val_loss']:>10.4f} {ratio:>7} {r['seconds_per_step']:>7.2f} "
               f"{r['optimizer_state_bytes'] / 2**20:>9.2f} {r['weight_bytes'] / 2**20:>11.2f} "
-              f"{r['peak_allocator_gib']:>9.2f} {r['peak_rss_gib']:>8.2f}")
+              f"{r['peak_allocator_gib'] * 1024:>9.1f} {r['peak_rss_gib']:>8.2f}")
     for name, error in failed.items():
         print(f"{name:>18} {error}")
     if args.plot and results:
