@@ -68,10 +68,10 @@ def fixture():
         return dict(f)
 
 
-def run_zoo(arrays, config, steps=3, graph=False):
+def run_zoo(arrays, config, steps=3, graph=False, optimizer=Adafactor):
     """This optimizer on the fixture's variables (one optimizer for all three, as in a model)."""
     variables = [keras.Variable(arrays[f"{n}/x0"], name=n) for n in SHAPES]
-    opt = Adafactor(**config)
+    opt = optimizer(**config)
 
     def step(t):
         opt.apply([tf.constant(arrays[f"{n}/g{t}"]) for n in SHAPES], variables)
@@ -80,6 +80,11 @@ def run_zoo(arrays, config, steps=3, graph=False):
     for t in range(1, steps + 1):
         apply(t)
     return {n: v.numpy() for n, v in zip(SHAPES, variables)}, opt
+
+
+def slots(opt):
+    """The optimizer's state: its variables less the step counter and a constant learning rate's."""
+    return [v for v in opt.variables if v is not opt._iterations and v is not opt._learning_rate]
 
 
 def rel(a, b):
@@ -101,6 +106,21 @@ def test_three_steps_equal_the_paper_in_numpy_and_transformers(config):
         assert np.linalg.norm(moved) > 1e-3 * np.linalg.norm(paper)
         assert rel(ours[name] - x0, moved) < 1e-5, (name, rel(ours[name] - x0, moved))
         assert rel(transformers - x0, moved) < 1e-5  # the fixture is the same algorithm
+
+
+def test_keras_adafactor_takes_the_same_steps_with_a_full_size_velocity():
+    """Keras' Adafactor (what recipes.optim builds for "adafactor": a schedule, relative_step=False)
+    caps the schedule at 1/sqrt(t) and scales by the weights' RMS: this optimizer with
+    relative_step=True. Same steps; Keras' stores the factors' product in a full-size velocity."""
+    arrays = fixture()
+    schedule = keras.optimizers.schedules.PolynomialDecay(2.0, 10, 0.1)  # above 1/sqrt(t): the cap binds
+    ours, opt = run_zoo(arrays, dict(learning_rate=schedule, relative_step=True, weight_decay=0.1))
+    theirs, keras_opt = run_zoo(arrays, dict(learning_rate=schedule, relative_step=False, weight_decay=0.1),
+                                optimizer=keras.optimizers.Adafactor)
+    for name in SHAPES:
+        assert rel(ours[name] - arrays[f"{name}/x0"], theirs[name] - arrays[f"{name}/x0"]) < 1e-6, name
+    assert sum(math.prod(v.shape) for v in keras_opt.variables) > sum(math.prod(s) for s in SHAPES.values())
+    assert sum(math.prod(v.shape) for v in slots(opt)) == 5 + 7 + 6 + 2 * 3 + 2 * 4
 
 
 def test_the_references_can_tell_the_options_apart():
@@ -126,19 +146,18 @@ def test_state_is_rows_plus_columns_per_matrix():
     for beta_1, extra in ((None, 0), (0.9, 4 * params)):
         opt = Adafactor(beta_1=beta_1)
         opt.build(variables)
-        state = [v for v in opt.variables if v is not opt._iterations and v is not opt._learning_rate]
-        real = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in state)
+        real = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in slots(opt))
         assert real == by_hand + extra == state_bytes(shapes, beta_1)
     assert by_hand / params < 0.25  # TINY_DEC: hidden 64, vocabulary 128
     keras_adafactor = keras.optimizers.Adafactor()
     keras_adafactor.build(variables)
-    assert sum(math.prod(v.shape) * 4 for v in keras_adafactor.variables[2:]) / params > 4  # the full-size velocity
+    assert sum(math.prod(v.shape) * 4 for v in slots(keras_adafactor)) / params > 4  # the full-size velocity
     # One large matrix, built: (rows + cols) * 4 bytes, not rows * cols.
     big = keras.Variable(tf.zeros((1024, 2048)), name="big")
     opt = Adafactor()
     opt.build([big])
-    assert [tuple(v.shape) for v in opt.variables[2:]] == [(1024,), (2048,)]
-    assert sum(math.prod(v.shape) * 4 for v in opt.variables[2:]) == (1024 + 2048) * 4 == state_bytes([(1024, 2048)])
+    assert [tuple(v.shape) for v in slots(opt)] == [(1024,), (2048,)]
+    assert sum(math.prod(v.shape) * 4 for v in slots(opt)) == (1024 + 2048) * 4 == state_bytes([(1024, 2048)])
 
 
 def test_sparse_embedding_gradient_equals_its_dense_gradient():
@@ -205,7 +224,7 @@ def test_mixed_float16_fit_wraps_it_in_loss_scaling():
     assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     assert isinstance(model.optimizer.inner_optimizer, Adafactor)
     assert int(model.optimizer.iterations) == 2  # both steps finite, both applied
-    assert all(v.dtype == "float32" for v in model.optimizer.inner_optimizer.variables[2:])
+    assert all(v.dtype == "float32" for v in slots(model.optimizer.inner_optimizer))
     for v, s in zip(model.trainable_variables, start):
         assert np.all(np.isfinite(v.numpy())) and not np.array_equal(v.numpy(), s), v.path
 

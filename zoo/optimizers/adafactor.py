@@ -27,8 +27,9 @@ in range; this is how Keras, transformers and optax store them.
 Where it follows which (read: transformers 5.24 `optimization.Adafactor`, optax
 `adafactor` / `scale_by_factored_rms`, T5X `adafactor.py`, Keras 3.15 `adafactor.py`):
   - factoring the last two axes of every rank >= 2 variable: the paper, transformers and
-    Keras. optax and T5X factor the two largest axes and only when both are >= 128
-    (`min_dim_size_to_factor`): smaller matrices keep a full second moment there.
+    Keras. optax and T5X factor the two largest axes, and only when both are >= 128
+    (`min_dim_size_to_factor`; smaller matrices keep a full second moment there); T5X
+    refuses a rank > 2 variable without an explicit factorisation rule.
   - eps1 added to G^2 before averaging, beta2_t = 1 - t^-0.8 from t = 1, clipping by the
     RMS of the whole update: all four and the paper.
   - `relative_step` / `scale_parameter`: transformers' two switches. relative_step=True
@@ -38,9 +39,10 @@ Where it follows which (read: transformers 5.24 `optimization.Adafactor`, optax
   - momentum over the scaled step alpha_t U, not over the gradient: transformers, optax
     (`ema` after the learning rate) and T5X (Mesh TensorFlow's `subtrahend`) all do; the
     paper's algorithms have none.
-  - weight decay is Keras' decoupled `weight_decay`: X -= X * wd * lr_t before the update
-    (optax: `weight_decay_rate`, added to the update after the learning rate; transformers:
-    X -= X * wd * alpha_t). The parameter scale is then the decayed weights' RMS.
+  - weight decay is Keras' decoupled `weight_decay`: X -= X * wd * lr_t before the update,
+    so the parameter scale is the decayed weights' RMS. transformers decays by X * wd *
+    alpha_t (the relative step); optax (`weight_decay_rate`) and T5X by X * wd, not scaled
+    by any learning rate; all three take the parameter scale before the decay.
   - sparse (IndexedSlices) gradients are made dense first (transformers refuses them).
     The paper's step is dense for an embedding anyway: R decays for every row, C and the
     clipping RMS cover all rows, and momentum moves rows with no gradient; a lazy row
