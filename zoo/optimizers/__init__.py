@@ -1,25 +1,18 @@
-"""Optimizers Keras does not ship in the form the zoo needs.
+"""Optimizers Keras does not ship in the form the zoo needs (docs/memory.md).
 
 - `Adafactor`: the paper's factored Adafactor, O(rows + cols) state per matrix (Keras'
   `keras.optimizers.Adafactor` also keeps a full-size velocity).
 - `AdamW`, `Lion`: Keras' own, able to train bfloat16 weights with stochastic rounding.
-- `stochastic_round`, `Rounding`, `weights_policy`: bfloat16 weights without a float32
-  copy (`zoo.optimizers.rounding`).
+- `Rounding`: the mixin that gives an optimizer `rounding="stochastic"` (bfloat16 weights, no
+  float32 copy); `stochastic_round` is zoo.ops.rounding's.
+
+They sit above zoo.training (the private Keras optimizer API, through keras_optimizer) and
+zoo.memory (the optimizer table's slot rule); nothing in ops, layers, training, models or
+memory imports them.
 """
 
-from zoo.optimizers.adafactor import Adafactor, state_bytes, state_shapes
-from zoo.optimizers.rounding import (
-    ROUNDINGS,
-    WEIGHTS_DTYPES,
-    AdamW,
-    Lion,
-    Rounding,
-    check_rounding,
-    stochastic_round,
-    weights_policy,
-)
+from zoo.ops.rounding import stochastic_round
+from zoo.optimizers.adafactor import Adafactor
+from zoo.optimizers.rounding import AdamW, Lion, Rounding
 
-__all__ = [
-    "ROUNDINGS", "WEIGHTS_DTYPES", "Adafactor", "AdamW", "Lion", "Rounding", "check_rounding", "state_bytes",
-    "state_shapes", "stochastic_round", "weights_policy",
-]
+__all__ = ["Adafactor", "AdamW", "Lion", "Rounding", "stochastic_round"]
