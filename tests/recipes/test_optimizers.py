@@ -51,6 +51,46 @@ def test_the_optimizer_flag_reaches_the_recipe(capsys):
     assert json.loads(capsys.readouterr().out)["optimizer"] == "lion"
 
 
+def test_the_weights_dtype_flags_reach_the_model_and_the_optimizer(capsys):
+    """`zoo train --weights-dtype bfloat16 [--rounding nearest]` -> recipe fields -> the model's policy
+    ("bfloat16") and each rounding optimizer's `rounding`; stochastic unless nearest is asked for by name.
+    (dec-base's recipe accumulates 64 micro-batches; bfloat16 weights refuse that, naming --accumulation-steps 1.)"""
+    parser = argparse.ArgumentParser(prog="zoo")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    model = zoo.get("dec-base", task="causal_lm", dtype="bfloat16", **TINY_DEC)
+    for flags, rounding in [([], "stochastic"), (["--rounding", "nearest"], "nearest")]:
+        args = parser.parse_args(["train", "dec-base", "--data", "x.txt", "--show", "--accumulation-steps", "1",
+                                  "--weights-dtype", "bfloat16", *flags])
+        assert args.func(args) == 0
+        recipe = recipes.Recipe(**json.loads(capsys.readouterr().out))
+        assert (recipe.weights_dtype, recipe.weights_rounding, recipe.dtype_policy) == ("bfloat16", rounding,
+                                                                                        "bfloat16")
+        for name in ("adamw", "adafactor", "lion"):
+            opt = optim.optimizer(recipe.replace(optimizer=name), model)
+            assert isinstance(opt, optim.SumReplicaGradients) and opt.rounding == rounding
+            opt.build(model.trainable_variables)  # refuses bfloat16 variables without rounding
+    assert recipes.get("dec-base").weights_rounding is None and recipes.get("dec-base").dtype_policy == "mixed_bfloat16"
+
+
+def test_bad_weights_dtype_fields_name_the_fix():
+    with pytest.raises(ValueError, match="cannot be combined with precision 'mixed_float16'.*'mixed_bfloat16'"):
+        recipes.get("dec-base", weights_dtype="bfloat16", precision="mixed_float16")
+    with pytest.raises(ValueError, match="Unknown weights dtype 'float16'; known: float32, bfloat16"):
+        recipes.get("dec-base", weights_dtype="float16")
+    with pytest.raises(ValueError, match="Unknown rounding 'up'; known: 'stochastic'"):
+        recipes.get("dec-base", weights_dtype="bfloat16", rounding="up", accumulation_steps=1)
+    with pytest.raises(ValueError, match="float32 weights have nothing to round.*--weights-dtype bfloat16"):
+        recipes.get("dec-base", rounding="nearest")
+    with pytest.raises(ValueError, match="'keras-adafactor' cannot train bfloat16 weights.*adamw, adafactor, lion"):
+        recipes.get("dec-base", weights_dtype="bfloat16", optimizer="keras-adafactor", accumulation_steps=1)
+    with pytest.raises(ValueError, match=r"gradient accumulation \(accumulation_steps=2\)"):
+        recipes.get("dec-base", weights_dtype="bfloat16", accumulation_steps=2)
+    parser = argparse.ArgumentParser(prog="zoo")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "dec-base", "--data", "x.txt", "--weights-dtype", "int8"])
+
+
 def _tiny_model():
     return zoo.get("dec-base", task="causal_lm", dtype="mixed_bfloat16", **TINY_DEC)
 
