@@ -104,6 +104,7 @@ def measure(row, data, vocab_folder, shape, steps, eval_every, batch_size, seque
     from recipes import data as data_lib
     from recipes import vocab
     from recipes.optim import WarmupDecay
+    from zoo import checks
 
     weights, optimizer, rounding = ROWS[row]
     recipe = recipes.get("dec-base").replace(
@@ -114,7 +115,7 @@ def measure(row, data, vocab_folder, shape, steps, eval_every, batch_size, seque
     valid = data_lib.pipeline(recipe, tokenizer, valid_docs, training=False).take(validation_batches).cache()
 
     keras.utils.set_random_seed(seed)
-    dtype = zoo.optimizers.weights_policy(weights, precision if weights == "float32" else None)
+    dtype = checks.weights(weights, precision if weights == "float32" else None)[0]  # the model's policy
     model = zoo.get("dec-base", task="causal_lm", checkpointing="full" if fused else "none", dtype=dtype, **shape)
     if fused:
         model.set_fused_update(True)

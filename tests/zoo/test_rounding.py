@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.common import allocator_peak
+import zoo
+from tests.common import TINY_DEC, allocator_peak
 from zoo import checks
 from zoo.ops.rounding import stochastic_round
 from zoo.optimizers import Adafactor, AdamW, Lion
@@ -213,3 +214,13 @@ def test_bad_input_names_the_fix():
         AdamW().build([bf16_weights])
     with pytest.raises(ValueError, match="gradient accumulators"):
         Lion(rounding="stochastic", gradient_accumulation_steps=2).build([bf16_weights])
+
+
+def test_a_bfloat16_model_refuses_keras_own_optimizers():
+    """ZooModel's train step: bfloat16 weights with an optimizer that cannot round into them
+    (Keras' AdamW never moves one) are refused at the first step, naming zoo.optimizers."""
+    model = zoo.get("dec-base", task="causal_lm", dtype="bfloat16", **dict(TINY_DEC, num_layers=1, vocab_size=32))
+    model.compile(optimizer=keras.optimizers.AdamW(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = {"token_ids": np.ones((1, 4), "int32"), "padding_mask": np.ones((1, 4), "int32")}
+    with pytest.raises(ValueError, match="bfloat16 weights.*Compile with zoo.optimizers.AdamW, Lion or Adafactor"):
+        model.train_on_batch(x, np.ones((1, 4), "int32"))
