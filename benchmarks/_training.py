@@ -14,11 +14,17 @@ import numpy as np
 import zoo
 
 
-def make_optimizer(name="adam", clip=1.0):
+def make_optimizer(name="adam", clip=1.0, rounding=None):
     """The optimizer of a benchmark: "adam" (clipnorm 1.0, each variable clipped on its own),
     or the recipes' own classes (recipes.optim) with global_clipnorm `clip` (None: no clip):
-    "adamw", "lion", "adafactor"."""
+    "adamw", "lion", "adafactor" (factored), "keras-adafactor"; `rounding` for bfloat16 weights."""
     from recipes import optim
+
+    if rounding:
+        return {"adamw": lambda: optim.AdamW(1e-4, weight_decay=0.01, global_clipnorm=clip, rounding=rounding),
+                "lion": lambda: optim.Lion(1e-5, global_clipnorm=clip, rounding=rounding),
+                "adafactor": lambda: optim.Adafactor(1e-3, global_clipnorm=clip, relative_step=False,
+                                                     rounding=rounding)}[name]()
 
     if name == "adam":
         return keras.optimizers.Adam(1e-4, clipnorm=clip)
@@ -28,7 +34,9 @@ def make_optimizer(name="adam", clip=1.0):
         return optim.Lion(1e-5, global_clipnorm=clip)
     if name == "adafactor":
         return optim.Adafactor(1e-3, global_clipnorm=clip, relative_step=False)
-    raise ValueError(f"Unknown optimizer {name!r}; known: adam, adamw, lion, adafactor.")
+    if name == "keras-adafactor":
+        return optim.KerasAdafactor(1e-3, global_clipnorm=clip, relative_step=False)
+    raise ValueError(f"Unknown optimizer {name!r}; known: adam, adamw, lion, adafactor, keras-adafactor.")
 
 
 def pretraining_task(model) -> str:
@@ -37,11 +45,18 @@ def pretraining_task(model) -> str:
 
 
 def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=None, optimizer="adam", fused=False,
-                   loss_chunk=None, clip=1.0):
+                   loss_chunk=None, clip=1.0, weights_dtype="float32", num_layers=None):
+    """`weights_dtype` "bfloat16": the "bfloat16" policy and stochastic rounding (zoo.checks.weights);
+    `num_layers`: fewer blocks (smoke runs)."""
+    from zoo import checks
+
     spec = zoo.spec(model)
     task = pretraining_task(model)
     # BERT has 512 learned positions: longer sequences get a model with more of them.
     overrides = {"max_sequence_length": seq} if seq > spec.max_sequence_length else {}
+    if num_layers:
+        overrides["num_layers"] = num_layers
+    precision, rounding = checks.weights(weights_dtype, precision)
     keras.utils.set_random_seed(0)  # same weights and data in every variant
     m = zoo.get(model, checkpointing=policy, dtype=precision, task=task, **overrides)
     m.set_attention(core, chunk_size)
@@ -49,7 +64,7 @@ def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=Non
         m.set_loss_chunk(loss_chunk)
     if fused:  # the optimizer step inside the backward pass (needs policy "full")
         m.set_fused_update(True)
-    m.compile(optimizer=make_optimizer(optimizer, clip),
+    m.compile(optimizer=make_optimizer(optimizer, clip, rounding),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     m.optimizer.build(m.trainable_variables)  # Adam's slots count as "built", not as step memory
     return m

@@ -2,13 +2,15 @@
 and how far below 16 bytes per parameter the fused update, the chunked loss and a lighter
 optimizer take them.
 
-    python benchmarks/one_billion.py [--models dec-1b,enc-1b] [--seqs 512,2048] [--variants a,b,c]
-                                     [--precision mixed_bfloat16] [--max-batch 16]
+    python benchmarks/one_billion.py [--models dec-1b,enc-1b] [--seqs 512,2048] [--variants a,b,c,d,e]
+                                     [--precision mixed_bfloat16] [--max-batch 16] [--num-layers N (smoke)]
 
 Variants (all `full` checkpointing, global-norm clipping 1.0, the recipes' optimizer classes):
   a        standard AdamW: Keras' step, every gradient alive at the clip, whole logits
   b        fused update (exact global clip: a norm pass, then the update pass) + chunked LM loss, AdamW
-  c        as b with Adafactor
+  c        as b with Keras' Adafactor ("keras-adafactor": a full-size velocity besides its factors)
+  d        as b with the factored Adafactor (zoo.optimizers: row and column statistics only), fp32 weights
+  e        as d with bfloat16 weights and stochastic rounding (no float32 copy; the "bfloat16" policy)
   b-noclip as b without clipping (no norm pass): its step time against a's is the fused update's own
            cost, and b's against it is the norm pass's
 
@@ -31,13 +33,16 @@ from _harness import GiB
 VARIANTS = {
     "a": {"optimizer": "adamw", "fused": False, "loss_chunk": 0, "clip": 1.0},
     "b": {"optimizer": "adamw", "fused": True, "loss_chunk": None, "clip": 1.0},
-    "c": {"optimizer": "adafactor", "fused": True, "loss_chunk": None, "clip": 1.0},
+    "c": {"optimizer": "keras-adafactor", "fused": True, "loss_chunk": None, "clip": 1.0},
+    "d": {"optimizer": "adafactor", "fused": True, "loss_chunk": None, "clip": 1.0},
+    "e": {"optimizer": "adafactor", "fused": True, "loss_chunk": None, "clip": 1.0, "weights_dtype": "bfloat16"},
     "b-noclip": {"optimizer": "adamw", "fused": True, "loss_chunk": None, "clip": None},
 }
 RUNTIME_RSS = 3 * GiB  # TF runtime, Python and allocator slack beyond the allocator's peak (benchmarks/planner.py)
 
 
-def measure(model, batch, seq, precision, steps, optimizer, fused, loss_chunk, clip):
+def measure(model, batch, seq, precision, steps, optimizer, fused, loss_chunk, clip, weights_dtype="float32",
+            num_layers=None):
     """One variant, in this (child) process."""
     import time
 
@@ -47,7 +52,7 @@ def measure(model, batch, seq, precision, steps, optimizer, fused, loss_chunk, c
     tf.config.experimental.reset_memory_stats("CPU:0")
     start = time.perf_counter()
     m = compiled_model(model, "full", precision, seq, optimizer=optimizer, fused=fused, loss_chunk=loss_chunk,
-                       clip=clip)
+                       clip=clip, weights_dtype=weights_dtype, num_layers=num_layers)
     build_s = time.perf_counter() - start
     x, y = synthetic_batch(model, batch, seq)
     with _harness.PeakMemory() as mem:
@@ -59,28 +64,32 @@ def measure(model, batch, seq, precision, steps, optimizer, fused, loss_chunk, c
     }
 
 
-def _estimate(model, batch, seq, precision, variant):
+def _estimate(model, batch, seq, precision, variant, num_layers=None):
     from _training import pretraining_task
 
+    import zoo
     from zoo import memory
 
     v = VARIANTS[variant]
     task = pretraining_task(model)  # what the child trains (the spec's default for BERT is the bare backbone)
-    return memory.estimate(model, batch, seq, precision, "full", task=task, optimizer=v["optimizer"],
-                           fused=v["fused"], loss_chunk=v["loss_chunk"] if task == "causal_lm" else None).total
+    spec = zoo.spec(model).replace(num_layers=num_layers) if num_layers else model
+    return memory.estimate(spec, batch, seq, precision, "full", task=task, optimizer=v["optimizer"],
+                           fused=v["fused"], loss_chunk=v["loss_chunk"] if task == "causal_lm" else None,
+                           weights_dtype=v.get("weights_dtype", "float32")).total
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--models", default="dec-1b,enc-1b")
     p.add_argument("--seqs", default="512,2048")
-    p.add_argument("--variants", default="a,b,c")
+    p.add_argument("--variants", default="a,b,c,d,e")
     p.add_argument("--precision", default="mixed_bfloat16")
     p.add_argument("--max-batch", type=int, default=16, help="the largest batch tried (each step is minutes)")
     p.add_argument("--batch", type=int, default=None, help="run this batch only (e.g. to time b-noclip against a)")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--margin-gib", type=float, default=1.0, help="memory left free for the system")
     p.add_argument("--timeout", type=int, default=1800, help="seconds before a child is stopped")
+    p.add_argument("--num-layers", type=int, default=None, help="fewer blocks: a smoke run, not a row")
     a = p.parse_args()
 
     budget = _harness.available_bytes() - int(a.margin_gib * GiB)
@@ -94,13 +103,13 @@ def main():
         for seq in map(int, a.seqs.split(",")):
             for variant in a.variants.split(","):
                 fits = [b for b in (2**i for i in range(12)) if b <= a.max_batch
-                        and _estimate(model, b, seq, a.precision, variant) + RUNTIME_RSS <= budget]
+                        and _estimate(model, b, seq, a.precision, variant, a.num_layers) + RUNTIME_RSS <= budget]
                 batch = a.batch or (max(fits) if fits else 1)
                 largest = 0
                 while batch >= 1:
-                    est = _estimate(model, batch, seq, a.precision, variant)
+                    est = _estimate(model, batch, seq, a.precision, variant, a.num_layers)
                     child = {"model": model, "batch": batch, "seq": seq, "precision": a.precision, "steps": a.steps,
-                             **VARIANTS[variant]}
+                             "num_layers": a.num_layers, **VARIANTS[variant]}
                     row = {**child, "variant": variant, "estimate_gib": est / GiB}
                     row.update(_harness.run_if_it_fits(child, est + RUNTIME_RSS, budget, timeout=a.timeout))
                     rows.append(row)

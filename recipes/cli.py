@@ -10,6 +10,7 @@ import math
 import sys
 from pathlib import Path
 
+from zoo.checks import ROUNDINGS, WEIGHTS_DTYPES
 from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS
 
 
@@ -44,11 +45,17 @@ def register(subparsers):
                        ("checkpoint-every", int), ("vocabulary", str), ("precision", str), ("checkpointing", str)):
         p.add_argument(f"--{flag}", type=kind, help=f"recipe field {flag.replace('-', '_')}")
     p.add_argument("--optimizer", choices=RECIPE_OPTIMIZERS,
-                   help="recipe field optimizer (default: the recipe's, adamw); lion and adafactor keep half "
-                   "AdamW's state (README: Optimizers)")
+                   help="recipe field optimizer (default: the recipe's, adamw); lion keeps half AdamW's state, "
+                   "adafactor (factored) almost none; keras-adafactor is Keras' (docs/training.md: Optimizers)")
+    p.add_argument("--weights-dtype", choices=WEIGHTS_DTYPES,
+                   help="recipe field weights_dtype: bfloat16 stores the weights with no float32 copy and rounds "
+                   "each update stochastically (adamw, lion, adafactor; docs/memory.md)")
+    p.add_argument("--rounding", choices=ROUNDINGS,
+                   help="with --weights-dtype bfloat16: 'stochastic' (the default) or 'nearest' (loses small updates; "
+                   "for comparisons)")
     p.add_argument("--fused", action="store_true", default=None,
                    help="apply the optimizer inside the backward pass, block by block (needs --checkpointing full): "
-                   "the whole model's gradients never exist at once (README: Below 16 bytes per parameter)")
+                   "the whole model's gradients never exist at once (docs/memory.md)")
     p.add_argument("--fused-clip", choices=("global", "per-block"),
                    help="with --fused: 'global' (exact global-norm clip, a norm pass first; default) or 'per-block'")
     p.add_argument("--loss-chunk", type=int,
@@ -73,7 +80,7 @@ def _train(args):
         raise ValueError("zoo train needs a model name (zoo list) or --weights to start from.")
     fields = ("batch_size", "sequence_length", "accumulation_steps", "learning_rate", "warmup_steps", "log_every",
               "checkpoint_every", "vocabulary", "precision", "checkpointing", "optimizer", "fused", "fused_clip",
-              "loss_chunk", "memory_budget")
+              "loss_chunk", "memory_budget", "weights_dtype", "rounding")
     changes = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
     if args.override:
         changes["model_overrides"] = dict(_override(o) for o in args.override)

@@ -1,4 +1,5 @@
-"""The optimizer a recipe asks for: Keras' AdamW, Lion or Adafactor, each exact under
+"""The optimizer a recipe asks for: AdamW, Lion, the factored Adafactor (zoo.optimizers: bfloat16
+weights with stochastic rounding too) or Keras' Adafactor ("keras-adafactor"), each exact under
 tf.distribute (`SumReplicaGradients`), with the recipe's warmup-then-decay schedule, global-norm
 clip, weight decay on matrices only and gradient accumulation. Their state per parameter, which
 recipe fields each reads, and the Keras behaviours worked around here: docs/design-notes.md
@@ -11,11 +12,12 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from zoo import optimizers
 from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS, check, state_bytes
 
 __all__ = [
-    "RECIPE_OPTIMIZERS", "AdamW", "Adafactor", "Lion", "SumReplicaGradients", "WarmupDecay", "optimizer", "schedule",
-    "state_bytes",
+    "RECIPE_OPTIMIZERS", "AdamW", "Adafactor", "KerasAdafactor", "Lion", "SumReplicaGradients", "WarmupDecay",
+    "optimizer", "schedule", "state_bytes",
 ]
 
 
@@ -95,19 +97,28 @@ class SumReplicaGradients:
                 variable.assign(variable - variable * ops.cast(self.weight_decay, variable.dtype) * lr)
 
 
+# `rounding` (bfloat16 weights) composes with `SumReplicaGradients` on one device; zoo.optimizers.Rounding
+# refuses a strategy with more than one replica at build, with the reason.
 @keras.saving.register_keras_serializable(package="recipes")
-class AdamW(SumReplicaGradients, keras.optimizers.AdamW):
-    """Keras' AdamW, exact under `tf.distribute` (`SumReplicaGradients`)."""
+class AdamW(SumReplicaGradients, optimizers.AdamW):
+    """Keras' AdamW (bfloat16 weights with `rounding`), exact under `tf.distribute` (`SumReplicaGradients`)."""
+
+
+@keras.saving.register_keras_serializable(package="recipes", name="FactoredAdafactor")
+class Adafactor(SumReplicaGradients, optimizers.Adafactor):
+    """The factored Adafactor of zoo.optimizers, exact under `tf.distribute` (`SumReplicaGradients`)."""
+
+
+# Registered under the name recipes' "adafactor" was saved with before it became the factored one, so a
+# model.keras of such a run loads with the optimizer it trained with.
+@keras.saving.register_keras_serializable(package="recipes", name="Adafactor")
+class KerasAdafactor(SumReplicaGradients, keras.optimizers.Adafactor):
+    """Keras' Adafactor ("keras-adafactor": a full-size velocity), exact under `tf.distribute`."""
 
 
 @keras.saving.register_keras_serializable(package="recipes")
-class Adafactor(SumReplicaGradients, keras.optimizers.Adafactor):
-    """Keras' Adafactor, exact under `tf.distribute` (`SumReplicaGradients`)."""
-
-
-@keras.saving.register_keras_serializable(package="recipes")
-class Lion(SumReplicaGradients, keras.optimizers.Lion):
-    """Keras' Lion, exact under `tf.distribute` (`SumReplicaGradients`)."""
+class Lion(SumReplicaGradients, optimizers.Lion):
+    """Keras' Lion (bfloat16 weights with `rounding`), exact under `tf.distribute` (`SumReplicaGradients`)."""
 
 
 def schedule(recipe) -> WarmupDecay:
@@ -128,11 +139,14 @@ def optimizer(recipe, model) -> keras.optimizers.Optimizer:
         gradient_accumulation_steps=recipe.accumulation_steps if recipe.accumulation_steps > 1 else None,
     )
     name = check(recipe.optimizer, RECIPE_OPTIMIZERS)
+    rounding = {"rounding": recipe.weights_rounding}
     if name == "adamw":
-        opt = AdamW(beta_1=recipe.beta_1, beta_2=recipe.beta_2, epsilon=recipe.epsilon, **common)
+        opt = AdamW(beta_1=recipe.beta_1, beta_2=recipe.beta_2, epsilon=recipe.epsilon, **rounding, **common)
     elif name == "lion":
-        opt = Lion(beta_1=recipe.beta_1, beta_2=recipe.beta_2, **common)
+        opt = Lion(beta_1=recipe.beta_1, beta_2=recipe.beta_2, **rounding, **common)
+    elif name == "adafactor":  # the paper's defaults, no momentum; the step relative to the weights' RMS and
+        opt = Adafactor(**rounding, **common)  # capped at 1/sqrt(t), as Keras' (the same steps, less state)
     else:  # Keras' defaults are the paper's (Shazeer & Stern 2018): decay 1 - t^-0.8, eps 1e-30 / 1e-3, d = 1
-        opt = Adafactor(relative_step=False, **common)
+        opt = KerasAdafactor(relative_step=False, **common)
     opt.exclude_from_weight_decay(var_list=[v for v in model.trainable_variables if len(v.shape) < 2])
     return opt

@@ -74,4 +74,4 @@ def load_model(recipe, num_classes=None):
     shape_overrides = {k: v for k, v in recipe.model_overrides.items() if k != "num_classes"}
     task_args = {"num_classes": num_classes} if recipe.task == "classifier" else {}
     return zoo.hub.load(recipe.weights, task=recipe.task, checkpointing=recipe.checkpointing,
-                        dtype=recipe.precision, tokenizer=False, **shape_overrides, **task_args)
+                        dtype=recipe.dtype_policy, tokenizer=False, **shape_overrides, **task_args)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import zoo
 from recipes import pretrained
 from zoo import checks
-from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS
+from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS, check_weights
 from zoo.registry import Registry
 from zoo.training.fused import CLIPS
 
@@ -32,6 +32,8 @@ class Recipe:
     model_overrides: dict = field(default_factory=dict)
     weights: str | None = None  # a Hugging Face folder or Hub repo id to start from (recipes.pretrained)
     precision: str = "mixed_bfloat16"
+    weights_dtype: str = "float32"  # "bfloat16": no float32 copy, updates rounded (zoo.optimizers; docs/memory.md)
+    rounding: str | None = None  # bfloat16 weights: "stochastic" (None means it) or "nearest" (only by name)
     checkpointing: str = "none"  # activation recomputation policy (zoo.ops.recompute), or "auto" (zoo.memory.choose)
     memory_budget: str | int | None = None  # for "auto": bytes or "24GiB"; None: the device's memory (RAM on CPU)
     fused: bool = False  # the optimizer step inside the backward pass (zoo.training.fused); needs checkpointing "full"
@@ -44,7 +46,7 @@ class Recipe:
     epsilon: float = 1e-6
     weight_decay: float = 0.01  # never applied to norms and biases
     clipnorm: float | None = 1.0  # global gradient norm, as BERT / TinyLlama / HF Trainer clip
-    optimizer: str = "adamw"  # zoo.memory.RECIPE_OPTIMIZERS: "adamw", "adafactor" or "lion"
+    optimizer: str = "adamw"  # zoo.memory.RECIPE_OPTIMIZERS: "adamw", "adafactor", "keras-adafactor" or "lion"
     # schedule: linear warmup from 0, then `decay` down to min_lr_ratio * learning_rate
     warmup_steps: int = 10_000
     steps: int = 1_000_000
@@ -78,6 +80,8 @@ class Recipe:
               f"Unknown precision {self.precision!r}; known: {', '.join(zoo.PRECISIONS)}.")
         check(self.optimizer in RECIPE_OPTIMIZERS,
               f"Unknown optimizer {self.optimizer!r}; known optimizers: {', '.join(RECIPE_OPTIMIZERS)}.")
+        checks.weights(self.weights_dtype, self.precision, self.rounding, self.accumulation_steps)
+        check_weights(self.optimizer, self.weights_dtype)
         check(self.decay in DECAYS, f"Unknown decay {self.decay!r}; known: {', '.join(DECAYS)}.")
         check(self.checkpointing in (*zoo.POLICIES, "auto"),
               f"Unknown checkpointing policy {self.checkpointing!r}; known: {', '.join(zoo.POLICIES)}, auto.")
@@ -115,6 +119,16 @@ class Recipe:
         overrides = {k: v for k, v in self.model_overrides.items() if k != "num_classes"}
         base = pretrained.checkpoint(self.weights).spec if self.weights else zoo.spec(self.model)
         return base.replace(**overrides)
+
+    @property
+    def dtype_policy(self) -> str:
+        """The Keras dtype policy the model is built with: `precision`, or "bfloat16" for bfloat16 weights."""
+        return checks.weights(self.weights_dtype, self.precision, self.rounding)[0]
+
+    @property
+    def weights_rounding(self) -> str | None:
+        """How updates are rounded into the weights: None (float32 weights), "stochastic" or "nearest"."""
+        return checks.weights(self.weights_dtype, self.precision, self.rounding)[1]
 
     @property
     def name(self) -> str:

@@ -151,7 +151,7 @@ def build(recipe, num_classes=None):
 
     Returns:
         A compiled Keras model (float32 logits; `mixed_float16` gets Keras' dynamic
-        loss scaling from compile).
+        loss scaling from compile; bfloat16 weights are built with the "bfloat16" policy).
     """
     recipe = choose_auto(recipe)
     overrides = dict(recipe.model_overrides)
@@ -161,7 +161,7 @@ def build(recipe, num_classes=None):
     if recipe.weights:
         model = pretrained.load_model(recipe, num_classes)
     else:
-        model = zoo.get(recipe.model, checkpointing=recipe.checkpointing, dtype=recipe.precision,
+        model = zoo.get(recipe.model, checkpointing=recipe.checkpointing, dtype=recipe.dtype_policy,
                         task=recipe.task, **overrides)
     if recipe.task == "causal_lm":
         model.set_loss_chunk(recipe.loss_chunk)
@@ -186,6 +186,7 @@ def choose_auto(recipe) -> Recipe:
     config, estimate = zoo.memory.choose(
         recipe.spec, recipe.batch_size, recipe.sequence_length, budget, precision=recipe.precision,
         task=recipe.task, optimizer=recipe.optimizer, configs=configs, accumulation_steps=recipe.accumulation_steps,
+        weights_dtype=recipe.weights_dtype,
         loss_chunk=recipe.loss_chunk if recipe.task == "causal_lm" else None,
     )
     policy, _, fused = config.partition("+")

@@ -21,9 +21,12 @@ from safetensors.numpy import load_file, save_file
 
 from recipes.recipe import LEGACY_TASKS, Recipe
 from zoo.files import atomic_path, write_json
+from zoo.optimizers import Adafactor
 
 RUN_FILE = "run.json"
 CHECKPOINTS = "checkpoints"
+KERAS_ADAFACTOR = ("Recipes called Keras' Adafactor (a full-size velocity) 'adafactor' before it became the zoo's "
+                   "factored Adafactor; Keras' is now 'keras-adafactor'.")
 
 
 def read_run(out_dir):
@@ -36,9 +39,13 @@ def read_run(out_dir):
     for record in (run, run.get("recipe", {})):
         if "task" in record:
             record["task"] = LEGACY_TASKS.get(record["task"], record["task"])
-    if "recipe" in run:  # fields added since the run was written take their defaults (what the run used)
-        for name, default in Recipe.defaults().items():
-            run["recipe"].setdefault(name, default)
+    if "recipe" in run:
+        recipe = run["recipe"]
+        # A run from before weights_dtype (added with the factored Adafactor) trained "adafactor" with Keras'.
+        if recipe.get("optimizer") == "adafactor" and "weights_dtype" not in recipe:
+            recipe["optimizer"] = "keras-adafactor"
+        for name, default in Recipe.defaults().items():  # fields added since: their defaults (what the run used)
+            recipe.setdefault(name, default)
     return run
 
 
@@ -59,6 +66,10 @@ def check_compatible(out_dir, meta):
         )
     keys = set(old["recipe"]) | set(meta["recipe"])
     changed = sorted(k for k in keys if old["recipe"].get(k) != meta["recipe"].get(k))
+    if "optimizer" in changed and old["recipe"]["optimizer"] == "keras-adafactor":
+        raise ValueError(f"out_dir {out_dir!r} holds a run trained with Keras' Adafactor. {KERAS_ADAFACTOR} Resume it "
+                         "with optimizer='keras-adafactor' (zoo train --optimizer keras-adafactor), or pass a new "
+                         "--out-dir.")
     if changed:
         raise ValueError(
             f"out_dir {out_dir!r} holds a run of the same model with a different recipe (fields {changed} differ); "
@@ -128,9 +139,19 @@ def _assign(variables, arrays, names, what, folder):
         v.assign(value)
 
 
+def _check_optimizer(folder, names, optimizer):
+    """Keras' Adafactor keeps a velocity beside its factors; the factored Adafactor never does."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if isinstance(inner, Adafactor) and any(name.endswith("_velocity") for name in names):
+        raise ValueError(f"Checkpoint {folder!r} was written by Keras' Adafactor, not the factored Adafactor this run "
+                         f"builds. {KERAS_ADAFACTOR} Restore it with optimizer='keras-adafactor' "
+                         "(zoo train --optimizer keras-adafactor).")
+
+
 def restore(folder, model, optimizer) -> int:
     with open(os.path.join(folder, "state.json"), encoding="utf-8") as f:
         state = json.load(f)
+    _check_optimizer(folder, state["optimizer_variables"], optimizer)
     _assign(model.variables, load_file(os.path.join(folder, "model.safetensors")),
             state["model_variables"], "model", folder)
     _assign(optimizer.variables, load_file(os.path.join(folder, "optimizer.safetensors")),

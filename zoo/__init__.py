@@ -8,7 +8,7 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 # Importing the models registers their classes, so keras.models.load_model works after `import zoo`.
-from zoo import export, generation, hub, loading, memory, models
+from zoo import export, generation, hub, loading, memory, models, optimizers
 from zoo.loading import load
 from zoo.ops.recompute import POLICIES
 from zoo.registry import PRECISIONS, ModelSpec, names, register, spec
@@ -48,5 +48,5 @@ def get(name, checkpointing=None, dtype=None, task=None, weights=None, **overrid
 
 __all__ = [
     "POLICIES", "PRECISIONS", "ModelSpec", "export", "generation", "get", "hub", "load", "loading", "memory",
-    "models", "names", "register", "spec",
+    "models", "names", "optimizers", "register", "spec",
 ]

@@ -27,3 +27,52 @@ def fused(policy: str, accumulation_steps: int = 1, replicas: int = 1):
     if replicas > 1:
         raise ValueError("The fused update runs on one replica only for now; train without a strategy, or turn "
                          "the fused update off to train data-parallel.")
+
+
+WEIGHTS_DTYPES = ("float32", "bfloat16")
+ROUNDINGS = ("stochastic", "nearest")
+
+
+def rounding_name(value):
+    """`value` if it is a known rounding of updates into bfloat16 weights (or None)."""
+    if value is not None and value not in ROUNDINGS:
+        raise ValueError(f"Unknown rounding {value!r}; known: 'stochastic' (bfloat16 weights; unbiased, the default) "
+                         "and 'nearest' (loses every update below half a bfloat16 step; only for comparisons).")
+    return value
+
+
+def weights(weights_dtype: str = "float32", precision=None, rounding=None, accumulation_steps: int = 1) -> tuple:
+    """(the Keras dtype policy to build the model with, the rounding of its updates) for weights
+    stored as `weights_dtype`, given the `precision` asked for (None: the weights decide).
+
+    bfloat16 weights are Keras' pure "bfloat16" policy (variables and compute in bfloat16;
+    "mixed_bfloat16" asks for the same compute, so it becomes "bfloat16"), updated in float32 and
+    rounded stochastically unless "nearest" is asked for by name (docs/memory.md)."""
+    if weights_dtype not in WEIGHTS_DTYPES:
+        raise ValueError(f"Unknown weights dtype {weights_dtype!r}; known: {', '.join(WEIGHTS_DTYPES)} "
+                         "(bfloat16: no float32 copy, each update rounded stochastically).")
+    rounding_name(rounding)
+    if weights_dtype == "float32":
+        if rounding is not None:
+            raise ValueError(f"rounding={rounding!r} rounds updates into bfloat16 weights; float32 weights have "
+                             "nothing to round. Drop rounding (--rounding), or add weights_dtype='bfloat16' "
+                             "(--weights-dtype bfloat16).")
+        if precision in ("bfloat16", "float16"):
+            raise ValueError(
+                f"precision {precision!r} stores {precision} weights, but weights_dtype is 'float32'. Use "
+                f"'mixed_{precision}' (float32 weights, {precision} compute), or weights_dtype='bfloat16' "
+                "(--weights-dtype bfloat16) for bfloat16 weights updated with stochastic rounding.")
+        return precision or "float32", None
+    if precision not in (None, "bfloat16", "mixed_bfloat16"):
+        raise ValueError(
+            f"weights_dtype='bfloat16' cannot be combined with precision {precision!r}: bfloat16 weights compute in "
+            "bfloat16 (Keras policy 'bfloat16'), and float16 or float32 compute with them is no Keras policy "
+            "(mixed_float16's loss scaling assumes float32 weights). Use precision 'mixed_bfloat16' or 'bfloat16' "
+            "(or none), or keep float32 weights (weights_dtype='float32') for mixed_float16.")
+    if accumulation_steps > 1:
+        raise ValueError(
+            f"weights_dtype='bfloat16' cannot be combined with gradient accumulation (accumulation_steps="
+            f"{accumulation_steps}): Keras keeps its accumulators in the weights' dtype and adds to them rounded to "
+            "nearest. Use accumulation_steps=1 (--accumulation-steps 1) with a larger batch (the fused update frees "
+            "memory for it), or train float32 weights.")
+    return "bfloat16", rounding or "stochastic"

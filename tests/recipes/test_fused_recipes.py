@@ -1,7 +1,8 @@
 """Recipes with the fused update: conflicting fields are refused with the fix, and a run
-(causal LM, exact global clip, dropout) killed with SIGKILL inside a checkpoint write and
-started again ends bitwise equal to an uninterrupted run: the fused step keeps no state of
-its own beyond the model's and the optimizer's variables."""
+(causal LM, exact global clip, dropout; bfloat16 weights with stochastic rounding and the
+factored Adafactor) killed with SIGKILL inside a checkpoint write and started again ends
+bitwise equal to an uninterrupted run: the fused step keeps no state of its own beyond the
+model's and the optimizer's variables, and the rounding's bits are keyed by (step, variable)."""
 
 
 import numpy as np
@@ -15,9 +16,11 @@ STEPS = 6
 
 
 def make_recipe(vocabulary):
-    recipe = tiny_recipe("dec-base", steps=STEPS, log_every=2, checkpoint_every=2, batch_size=4, learning_rate=3e-3,
+    # Adafactor's steps are relative to the weights' RMS: a rate of 3e-2 (tests/recipes/test_optimizers.py).
+    recipe = tiny_recipe("dec-base", steps=STEPS, log_every=2, checkpoint_every=2, batch_size=4, learning_rate=3e-2,
                          vocabulary=vocabulary, checkpointing="full", fused=True, clipnorm=0.5,
-                         precision="mixed_bfloat16", keep_checkpoints=3)
+                         precision="mixed_bfloat16", weights_dtype="bfloat16", optimizer="adafactor",
+                         keep_checkpoints=3)
     return recipe.replace(model_overrides={**recipe.model_overrides, "dropout": 0.1})
 
 
@@ -36,6 +39,8 @@ def test_fused_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path, reci
     recipe = make_recipe(recipes_vocab["llama"])
     reference = recipes.run(recipe, recipes_news, str(tmp_path / "reference"), column="text", verbose=0)
     assert reference.model.fused_update == "global"
+    assert {v.dtype for v in reference.model.trainable_variables} == {"bfloat16"}
+    assert reference.model.optimizer.rounding == "stochastic"
     losses = [row["loss"] for row in reference.history]
     assert len(losses) == 3 and losses[-1] < losses[0]
 

@@ -1,4 +1,5 @@
-"""A recipe chooses its optimizer: `adamw`, `adafactor` or `lion` (recipes/optim.py).
+"""A recipe chooses its optimizer: `adamw`, `adafactor` (factored, zoo.optimizers), `keras-adafactor`
+or `lion` (recipes/optim.py).
 Each trains a shrunken recipe on real text, keeps the state `zoo.memory.optimizer_state`
 says, and leaves norms and biases out of weight decay; an unknown name is refused
 with the known ones."""
@@ -17,24 +18,24 @@ from recipes import cli, optim
 from tests.common import TINY_DEC, tiny_recipe
 from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS, state_bytes
 
-KERAS_CLASS = {"adamw": keras.optimizers.AdamW, "adafactor": keras.optimizers.Adafactor,
-               "lion": keras.optimizers.Lion}
+KERAS_CLASS = {"adamw": keras.optimizers.AdamW, "adafactor": zoo.optimizers.Adafactor,
+               "keras-adafactor": keras.optimizers.Adafactor, "lion": keras.optimizers.Lion}
 # A 2-layer model in 30 steps: AdamW's test rate; Lion's sign steps want a smaller one (Chen et al.
-# 2023: 3-10x); Keras' Adafactor steps are relative to the weights' RMS (the paper's 1e-2 is for long runs).
+# 2023: 3-10x); Adafactor's steps are relative to the weights' RMS (the paper's 1e-2 is for long runs).
 LEARNING_RATE = {"adamw": 3e-3, "adafactor": 3e-2, "lion": 1e-3}
 
 
-def test_the_three_optimizers_are_known_everywhere():
-    assert RECIPE_OPTIMIZERS == ("adamw", "adafactor", "lion") == optim.RECIPE_OPTIMIZERS
+def test_the_four_optimizers_are_known_everywhere():
+    assert RECIPE_OPTIMIZERS == ("adamw", "adafactor", "keras-adafactor", "lion") == optim.RECIPE_OPTIMIZERS
     assert recipes.get("dec-base").optimizer == "adamw"
 
 
 def test_an_unknown_optimizer_is_refused_with_the_known_names():
-    known = "known optimizers: adamw, adafactor, lion"
+    known = "known optimizers: adamw, adafactor, keras-adafactor, lion"
     with pytest.raises(ValueError, match=f"Unknown optimizer 'adam'; {known}"):
         recipes.get("dec-base", optimizer="adam")
     assert state_bytes("sgd", [(2, 3)]) == 0  # the one table also knows what plain Keras models plan with
-    with pytest.raises(ValueError, match="Unknown optimizer 'adagrad'; known optimizers: adamw, adafactor, lion, adam"):
+    with pytest.raises(ValueError, match=f"Unknown optimizer 'adagrad'; {known}, adam"):
         state_bytes("adagrad", [(2, 3)])
     parser = argparse.ArgumentParser(prog="zoo")
     cli.register(parser.add_subparsers(dest="command", required=True))
@@ -48,6 +49,46 @@ def test_the_optimizer_flag_reaches_the_recipe(capsys):
     args = parser.parse_args(["train", "dec-base", "--data", "x.txt", "--optimizer", "lion", "--show"])
     assert args.func(args) == 0
     assert json.loads(capsys.readouterr().out)["optimizer"] == "lion"
+
+
+def test_the_weights_dtype_flags_reach_the_model_and_the_optimizer(capsys):
+    """`zoo train --weights-dtype bfloat16 [--rounding nearest]` -> recipe fields -> the model's policy
+    ("bfloat16") and each rounding optimizer's `rounding`; stochastic unless nearest is asked for by name.
+    (dec-base's recipe accumulates 64 micro-batches; bfloat16 weights refuse that, naming --accumulation-steps 1.)"""
+    parser = argparse.ArgumentParser(prog="zoo")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    model = zoo.get("dec-base", task="causal_lm", dtype="bfloat16", **TINY_DEC)
+    for flags, rounding in [([], "stochastic"), (["--rounding", "nearest"], "nearest")]:
+        args = parser.parse_args(["train", "dec-base", "--data", "x.txt", "--show", "--accumulation-steps", "1",
+                                  "--weights-dtype", "bfloat16", *flags])
+        assert args.func(args) == 0
+        recipe = recipes.Recipe(**json.loads(capsys.readouterr().out))
+        assert (recipe.weights_dtype, recipe.weights_rounding, recipe.dtype_policy) == ("bfloat16", rounding,
+                                                                                        "bfloat16")
+        for name in ("adamw", "adafactor", "lion"):
+            opt = optim.optimizer(recipe.replace(optimizer=name), model)
+            assert isinstance(opt, optim.SumReplicaGradients) and opt.rounding == rounding
+            opt.build(model.trainable_variables)  # refuses bfloat16 variables without rounding
+    assert recipes.get("dec-base").weights_rounding is None and recipes.get("dec-base").dtype_policy == "mixed_bfloat16"
+
+
+def test_bad_weights_dtype_fields_name_the_fix():
+    with pytest.raises(ValueError, match="cannot be combined with precision 'mixed_float16'.*'mixed_bfloat16'"):
+        recipes.get("dec-base", weights_dtype="bfloat16", precision="mixed_float16")
+    with pytest.raises(ValueError, match="Unknown weights dtype 'float16'; known: float32, bfloat16"):
+        recipes.get("dec-base", weights_dtype="float16")
+    with pytest.raises(ValueError, match="Unknown rounding 'up'; known: 'stochastic'"):
+        recipes.get("dec-base", weights_dtype="bfloat16", rounding="up", accumulation_steps=1)
+    with pytest.raises(ValueError, match="float32 weights have nothing to round.*--weights-dtype bfloat16"):
+        recipes.get("dec-base", rounding="nearest")
+    with pytest.raises(ValueError, match="'keras-adafactor' cannot train bfloat16 weights.*adamw, adafactor, lion"):
+        recipes.get("dec-base", weights_dtype="bfloat16", optimizer="keras-adafactor", accumulation_steps=1)
+    with pytest.raises(ValueError, match=r"gradient accumulation \(accumulation_steps=2\)"):
+        recipes.get("dec-base", weights_dtype="bfloat16", accumulation_steps=2)
+    parser = argparse.ArgumentParser(prog="zoo")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "dec-base", "--data", "x.txt", "--weights-dtype", "int8"])
 
 
 def _tiny_model():
@@ -74,6 +115,8 @@ def test_state_bytes_is_the_sum_of_the_optimizer_variables(name):
             assert per_param == 8
         elif name == "lion":
             assert per_param == 4
+        elif name == "adafactor":  # row and column statistics only (hidden 64: a large share of a tiny model)
+            assert 0 < per_param < 0.25
         else:  # a full-size velocity plus the factors (Keras keeps both)
             assert 4 < per_param < 4.2
 
@@ -89,15 +132,18 @@ def test_weight_decay_skips_norms_and_biases(name):
     assert len(decayed) == sum(len(v.shape) >= 2 for v in model.trainable_variables)
 
 
-def test_adafactor_follows_the_recipe_schedule():
-    """Keras' relative_step is off: the learning rate is the recipe's schedule (warmup from 0)."""
-    recipe = recipes.get("dec-base", optimizer="adafactor", warmup_steps=10, steps=100, learning_rate=1e-2)
+@pytest.mark.parametrize("name", ["adafactor", "keras-adafactor"])
+def test_adafactor_follows_the_recipe_schedule(name):
+    """The learning rate is the recipe's schedule (warmup from 0), capped at 1/sqrt(t): Keras' Adafactor
+    always caps it (whatever its relative_step), the factored one with relative_step (the recipes')."""
+    recipe = recipes.get("dec-base", optimizer=name, warmup_steps=10, steps=100, learning_rate=1e-2)
     opt = optim.optimizer(recipe, _tiny_model())
-    assert opt.relative_step is False and isinstance(opt._learning_rate, optim.WarmupDecay)
+    assert opt.relative_step is (name == "adafactor") and isinstance(opt._learning_rate, optim.WarmupDecay)
     assert float(opt.learning_rate) == 0.0  # warmup starts from 0, unlike Keras' relative step
 
 
-@pytest.mark.parametrize("name", RECIPE_OPTIMIZERS)
+# keras-adafactor takes the factored one's steps (tests/zoo/test_adafactor.py): no run of its own.
+@pytest.mark.parametrize("name", ["adamw", "adafactor", "lion"])
 def test_each_optimizer_trains_on_real_text(name, tmp_path, recipes_news, recipes_vocab):
     """30 updates of the shrunken dec-base recipe (its betas, weight decay, clipping and
     mixed_bfloat16 kept) on the news corpus: the last 10 steps' loss is clearly below the first 10's."""
@@ -127,6 +173,31 @@ def test_a_run_from_before_the_optimizer_field_resumes_as_adamw(tmp_path):
     lion = {**meta, "recipe": recipe.replace(optimizer="lion").to_dict()}
     with pytest.raises(ValueError, match=r"fields \['optimizer'\] differ"):
         state.check_compatible(str(tmp_path), lion)
+
+
+def test_a_run_of_keras_adafactor_names_keras_adafactor(tmp_path):
+    """A run.json from before the factored Adafactor (no weights_dtype) trained "adafactor" with Keras':
+    it reads as keras-adafactor, resumes with it, and a factored recipe is refused naming the fix; a
+    checkpoint with Keras' velocity slots is refused by the factored optimizer."""
+    from recipes import state
+
+    recipe = recipes.get("dec-base", optimizer="keras-adafactor")
+    meta = {"model": "dec-base", "task": recipe.task, "spec": recipe.spec.to_dict(), "recipe": recipe.to_dict()}
+    old = {k: v for k, v in meta["recipe"].items() if k not in ("weights_dtype", "rounding")}
+    (tmp_path / state.RUN_FILE).write_text(json.dumps({**meta, "recipe": {**old, "optimizer": "adafactor"}}))
+    assert state.read_run(str(tmp_path))["recipe"]["optimizer"] == "keras-adafactor"
+    state.check_compatible(str(tmp_path), meta)
+    factored = {**meta, "recipe": recipe.replace(optimizer="adafactor").to_dict()}
+    with pytest.raises(ValueError, match="trained with Keras' Adafactor.*optimizer='keras-adafactor'"):
+        state.check_compatible(str(tmp_path), factored)
+
+    folder = tmp_path / "step-000000002"
+    folder.mkdir()
+    names = {"model_variables": [], "optimizer_variables": ["adafactor/iteration", "adafactor/kernel_velocity"]}
+    (folder / "state.json").write_text(json.dumps(names))
+    opt = optim.optimizer(recipes.get("dec-base", optimizer="adafactor"), keras.Sequential([keras.Input((1,))]))
+    with pytest.raises(ValueError, match="written by Keras' Adafactor.*--optimizer keras-adafactor"):
+        state.restore(str(folder), keras.Sequential([keras.Input((1,))]), opt)
 
 
 @pytest.mark.timeout(300)

@@ -13,6 +13,7 @@ import zoo
 from tests.common import REPO
 from zoo import memory, shapes
 from zoo.cli import main
+from zoo.memory.estimate import ROUNDED_UPDATE
 
 # b=2 sequences of s=16 tokens; L=2 layers, h=64, a=4 heads, ffn 128, vocabulary 100.
 B, S = 2, 16
@@ -91,10 +92,11 @@ def test_chunked_core_estimate_by_hand(spec, precision, activation_bytes):
 
 def test_estimate_other_precisions_and_optimizers():
     params = DEC.num_params()
-    half = memory.estimate(DEC, B, S, "bfloat16", "none", attention="plain")
-    # A pure bfloat16 policy has bfloat16 variables, and Keras makes the slots in the variable's dtype.
+    half = memory.estimate(DEC, B, S, "bfloat16", "none", attention="plain", weights_dtype="bfloat16")
+    # bfloat16 weights: the "bfloat16" policy, and AdamW's moments in the variables' dtype (zoo.optimizers).
     assert half.weights == half.gradients == params * 2 and half.optimizer == params * 2 * 2
     assert half.activations == ACTIVATIONS_16["llama", "none"]
+    assert half == memory.estimate(DEC, B, S, None, "none", attention="plain", weights_dtype="bfloat16")
     assert memory.estimate(DEC, B, S, "float32", "none", optimizer="sgd").optimizer == 0
     assert memory.estimate(DEC, B, S, "float32", "none", optimizer="AdamW").optimizer == params * 8
     # A real shape: enc-base, batch 4 x 512, float32, no recomputation.
@@ -167,18 +169,22 @@ def test_optimizer_state_by_hand():
     assert memory.optimizer_state_bytes("lion", sizes) == (6400 + 64 + 105) * 4
     # Keras' Adafactor: a full-size velocity for every variable, r (shape[:-1]) and c (shape[:-2] + last)
     # for >= 2 dims, two scalars for a vector.
-    assert memory.optimizer_state_bytes("adafactor", sizes) == (6400 + 100 + 64 + 64 + 2 + 105 + 15 + 21) * 4
+    assert memory.optimizer_state_bytes("keras-adafactor", sizes) == (6400 + 100 + 64 + 64 + 2 + 105 + 15 + 21) * 4
+    # The factored Adafactor: r and c only for >= 2 dims, a full second moment for a vector; float32 always.
+    assert memory.optimizer_state_bytes("adafactor", sizes) == (100 + 64 + 64 + 15 + 21) * 4
+    assert memory.optimizer_state_bytes("adafactor", sizes, variable_bytes=2) == (100 + 64 + 64 + 15 + 21) * 4
+    assert memory.optimizer_state_bytes("adamw", sizes, variable_bytes=2) == 2 * (6400 + 64 + 105) * 2
     assert memory.optimizer_state_bytes("sgd", sizes) == 0
     with pytest.raises(ValueError, match="known optimizers: adamw"):
         memory.optimizer_state_bytes("adagrad", sizes)
 
 
-def test_adafactor_state_matches_keras():
+def test_optimizer_state_matches_the_built_optimizers():
     import keras
 
     model = zoo.get(ENC, task="masked_lm")
-    for name, optimizer in [("adafactor", keras.optimizers.Adafactor()), ("lion", keras.optimizers.Lion()),
-                            ("adamw", keras.optimizers.AdamW())]:
+    for name, optimizer in [("keras-adafactor", keras.optimizers.Adafactor()), ("lion", keras.optimizers.Lion()),
+                            ("adamw", keras.optimizers.AdamW()), ("adafactor", zoo.optimizers.Adafactor())]:
         optimizer.build(model.trainable_variables)
         slots = sum(v.numpy().nbytes for v in optimizer.variables) - optimizer.iterations.numpy().nbytes
         slots -= sum(v.numpy().nbytes for v in optimizer.variables if "learning_rate" in v.path)
@@ -238,10 +244,74 @@ def test_chunked_loss_holds_one_chunk_of_logits():
 
 def test_optimizer_states_order():
     e = {o: memory.estimate("enc-base", 2, 128, "float32", "full", optimizer=o, fused=True).optimizer
-         for o in ("sgd", "lion", "adafactor", "adamw")}
-    # Keras' Adafactor keeps a full-size velocity besides its factored statistics: a little above Lion.
-    assert e["sgd"] < e["lion"] < e["adafactor"] < e["adamw"]
-    assert e["adafactor"] < 1.01 * e["lion"]
+         for o in ("sgd", "adafactor", "lion", "keras-adafactor", "adamw")}
+    # Keras' Adafactor keeps a full-size velocity besides its factored statistics: a little above Lion. The
+    # factored one keeps the statistics only: 0.2% of Lion's state on enc-base.
+    assert e["sgd"] < e["adafactor"] < e["lion"] < e["keras-adafactor"] < e["adamw"]
+    assert e["keras-adafactor"] < 1.01 * e["lion"] and e["adafactor"] < 0.005 * e["lion"]
+
+
+# DEC's factored statistics (float32): the embedding (100, 64): 100 + 64; per block q and o (64, 64): 2 x 128,
+# k and v (64, 32): 2 x 96, gate and up (64, 128): 2 x 192, down (128, 64): 192, two norms 2 x 64; the final norm.
+FACTORED_DEC = (100 + 64 + 2 * (2 * 128 + 2 * 96 + 2 * 192 + 192 + 2 * 64) + 64) * 4  # 10,128
+
+
+@pytest.mark.parametrize("optimizer, state, copies", [("adafactor", FACTORED_DEC, 4), ("adamw", 80_448 * 2 * 2, 6),
+                                                      ("lion", 80_448 * 2, 5)])
+def test_bfloat16_weights_by_hand(optimizer, state, copies):
+    """bfloat16 weights with stochastic rounding: weights and gradients 2 bytes, the optimizer's full-size
+    slots 2 (Adafactor's statistics stay float32), the update float32 copies of the largest variable
+    (a feed-forward kernel, 64 x 128 = 8,192 > the embedding's 6,400; ROUNDED_UPDATE) and nothing made
+    ahead (Lion waits for its gradients)."""
+    params = DEC.num_params()
+    for fused in (False, True):
+        e = memory.estimate(DEC, B, S, checkpointing="full", optimizer=optimizer, attention="plain", fused=fused,
+                            weights_dtype="bfloat16")
+        assert e.weights == params * 2 and e.head_gradient == 8192 * 2
+        assert e.optimizer == state
+        assert e.update == 8192 * 4 * copies == 8192 * 4 * ROUNDED_UPDATE[optimizer]
+        assert e.activations == ACTIVATIONS_16["llama", "full"]  # bfloat16 compute: the formula's 16-bit
+        if fused:  # one block's gradients, and its largest variable's float32 copies (the same kernel)
+            block = shapes.count(shapes.block_shapes(DEC))
+            assert e.gradients == (params - block) * 2 and e.block_update == 64 * 128 * 4 * copies
+        else:
+            assert e.gradients == params * 2
+    f32 = memory.estimate(DEC, B, S, checkpointing="full", optimizer=optimizer, attention="plain")
+    assert f32.weights == 2 * e.weights and f32.activations == 2 * e.activations
+
+
+def test_bfloat16_weights_are_the_callers_choice():
+    """`auto` chooses the recomputation among exact configurations; the weights' dtype and the optimizer
+    stay what the caller asked for, and are named in the hint when nothing fits."""
+    bf16 = {c: memory.estimate("dec-1b", 8, 512, checkpointing=c, optimizer="adafactor", weights_dtype="bfloat16")
+            for c in memory.CONFIGS}
+    config, e = memory.choose("dec-1b", 8, 512, bf16["full"].total, optimizer="adafactor", weights_dtype="bfloat16")
+    assert config == "full" and e == bf16["full"]
+    f32 = memory.estimate("dec-1b", 8, 512, "mixed_bfloat16", "full+fused", optimizer="adafactor")
+    assert f32.total > bf16["full+fused"].total  # a float32 run would not fit where the bfloat16 one does
+    with pytest.raises(ValueError, match=r"mixed_bfloat16, float32 weights, adamw.*a lighter optimizer \(adafactor.*"
+                                         r"bfloat16 weights \(weights_dtype='bfloat16'"):
+        memory.choose("dec-1b", 8, 512, 4 * memory.GiB, "mixed_bfloat16")
+    with pytest.raises(ValueError, match="Optimizer 'keras-adafactor' cannot train bfloat16 weights.*adamw, "
+                                         "adafactor, lion"):
+        memory.estimate("dec-1b", 8, 512, optimizer="keras-adafactor", weights_dtype="bfloat16")
+    with pytest.raises(ValueError, match="cannot be combined with precision 'mixed_float16'"):
+        memory.estimate("dec-1b", 8, 512, "mixed_float16", weights_dtype="bfloat16")
+    with pytest.raises(ValueError, match="Unknown weights dtype 'int8'"):
+        memory.estimate("dec-1b", 8, 512, weights_dtype="int8")
+
+
+def test_cli_plan_bfloat16_weights(capsys):
+    assert main(["plan", "dec-1b", "--batch-size", "8", "--weights-dtype", "bfloat16", "--optimizer", "adafactor",
+                 "--budget", "24GiB"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0] == ("dec-1b: batch 8 x sequence 512, bfloat16, bfloat16 weights (stochastic rounding), adafactor; "
+                       "budget 24.00 GiB")
+    for row, config in zip(rows[2:-2], memory.CONFIGS, strict=True):
+        e = memory.estimate("dec-1b", 8, 512, checkpointing=config, optimizer="adafactor", weights_dtype="bfloat16")
+        assert row.split()[:-1] == [config] + [f"{v / memory.GiB:.2f}G" for v in e.as_dict().values()]
+    assert main(["plan", "dec-1b", "--weights-dtype", "bfloat16", "--precision", "mixed_float16"]) == 2
+    assert "cannot be combined with precision 'mixed_float16'" in capsys.readouterr().err
 
 
 def test_lion_outside_the_fused_step_holds_two_momentum_products():

@@ -75,6 +75,10 @@ RULES = {
     "zoo.training": {"zoo.training", "zoo.ops", "zoo.checks"},
     "zoo.models": {"zoo.models", "zoo.layers", "zoo.ops", "zoo.training", *PURE},
     "zoo.memory": {"zoo.memory", "zoo.ops", *PURE},
+    # Keras optimizers: the private Keras API through zoo.training.keras_optimizer, their slots by the
+    # optimizer table (zoo.memory.optimizer_state), stochastic rounding from zoo.ops. Nothing below imports
+    # them: the fused update drives any Keras optimizer through the same adapter.
+    "zoo.optimizers": {"zoo.optimizers", "zoo.ops", "zoo.training", "zoo.memory", *PURE},
 }
 
 

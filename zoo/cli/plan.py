@@ -1,6 +1,7 @@
 """`zoo plan MODEL`: a training step's estimated memory for each configuration, the one
 `checkpointing="auto"` picks under a budget, and the largest batch each one fits."""
 
+from zoo import checks
 from zoo.memory import CONFIGS, OPTIMIZERS, GiB, choose, default_budget, estimate, largest_batch, parse_bytes
 
 # The estimate's components in `MemoryEstimate.as_dict()` order, and how `total` adds them up
@@ -15,8 +16,11 @@ FORMULA = ("total = weights + optimizer + max(activ. + extra + logits + head gra
 def _plan(args):
     budget = parse_bytes(args.budget) if args.budget else default_budget()
     configs = [args.checkpointing] if args.checkpointing else list(CONFIGS)
-    options = {"precision": args.precision, "task": args.task, "optimizer": args.optimizer}
-    print(f"{args.model}: batch {args.batch_size} x sequence {args.sequence_length}, {args.precision}, "
+    options = {"precision": args.precision, "task": args.task, "optimizer": args.optimizer,
+               "weights_dtype": args.weights_dtype}
+    policy, rounding = checks.weights(args.weights_dtype, args.precision)
+    weights = f", {args.weights_dtype} weights ({rounding} rounding)" if rounding else ""
+    print(f"{args.model}: batch {args.batch_size} x sequence {args.sequence_length}, {policy}{weights}, "
           f"{args.optimizer}; budget {budget / GiB:.2f} GiB")
     print(f"{'config':11s} " + " ".join(f"{c:>9s}" for c in COLUMNS) + f" {'max batch':>9s}")
     for config in configs:
@@ -35,7 +39,11 @@ def register(subparsers):
     p.add_argument("model")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--sequence-length", type=int, default=512)
-    p.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16", "mixed_float16"])
+    p.add_argument("--precision", default=None, choices=["float32", "mixed_bfloat16", "mixed_float16", "bfloat16"],
+                   help="the dtype policy (default: float32; bfloat16 with --weights-dtype bfloat16)")
+    p.add_argument("--weights-dtype", default="float32", choices=checks.WEIGHTS_DTYPES,
+                   help="bfloat16: no float32 copy, updates rounded stochastically (zoo.optimizers; adamw, lion, "
+                   "adafactor)")
     p.add_argument("--task", default=None, help="the task head (default: the family's)")
     p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     p.add_argument("--budget", default=None, help="e.g. 24GiB (default: the device's memory, or RAM on CPU)")

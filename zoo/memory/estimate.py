@@ -26,16 +26,19 @@ class MemoryEstimate:
     """Bytes by component; `.total` is what the TF allocator's peak should show for a
     fresh process that builds the model and the optimizer and trains (benchmarks/planner.py).
 
-    weights: the variables (float32 under float32 and mixed_* policies).
-    gradients: the gradients alive at once (all of them; one block's + embedding/head when fused).
-    optimizer: the optimizer's slots (exact per variable shape for adafactor); for Lion outside
-        the fused step also the two momentum products its update computes ahead (`_ahead_bytes`).
+    weights: the variables (float32 under float32 and mixed_* policies; bfloat16 weights 2 bytes).
+    gradients: the gradients alive at once (all of them; one block's + embedding/head when fused),
+        in the variables' dtype.
+    optimizer: the optimizer's slots by the optimizer table (zoo.memory.optimizer_state: in the
+        variables' dtype, factored statistics in float32); for Lion outside the fused step with
+        float32 weights also the two momentum products its update computes ahead (`_ahead_bytes`).
     activations: what the forward pass keeps for the backward, and one block's working set.
     logits: float32 logits, their softmax and their gradient (one chunk of them when chunked).
     saved_extra: the tensors TensorFlow keeps for the backward beyond the formula's (`SAVED_EXTRA`).
     head_gradient: the largest variable's gradient (the token embedding's, or the untied head's),
         made at the very start of the backward pass, while every activation is still alive.
-    update: the optimizer update's temporaries (`_update_bytes`).
+    update: the optimizer update's temporaries (`_update_bytes`; with bfloat16 weights the float32
+        update and its stochastic rounding, `ROUNDED_UPDATE`).
     recompute: under "full", the first block's working set when it is recomputed at the very
         end of the backward pass, while every other gradient exists (its activations, saved
         extras and the attention core's tiles); 0 under the other policies.
@@ -133,24 +136,36 @@ def _saved_extra(s, b, seq, precision, policy) -> int:
     return per_layer * (1 if policy == "full" else s.num_layers)
 
 
-def _update_bytes(shapes, vbytes, optimizer, fused=False) -> int:
+# With bfloat16 weights (zoo.optimizers' rounding) the update runs in float32 and is rounded into
+# each bfloat16 variable: float32 copies of the largest variable alive at once in its update (its
+# gradient and weight read in float32, each rounded slot's and the weight's new value, the random
+# bits), with the global clip's bfloat16 copy of its gradient. Measured: one 8192 x 2048 variable,
+# global clip 1.0, the least of five calls' allocator peaks, two runs: AdamW 6.0 and 7.0, Lion 5.25
+# and 5.0, Adafactor 4.0 and 4.0 (docs/memory.md).
+ROUNDED_UPDATE = {"adamw": 6, "lion": 5, "adafactor": 4}
+
+
+def _update_bytes(shapes, vbytes, optimizer, fused=False, rounding=None) -> int:
     """The optimizer update's temporaries: with global clipping each gradient is replaced by
     its scaled copy, and the update computes each slot's new value before assigning it; TF's
     executor frees each as soon as it is used, so what is alive at once is about two tensors
     of the largest variable (the token embedding). SGD keeps only the scaled copy. Keras' Lion
     makes four (m·β1, g·(1-β1), m·β2, g·(1-β2)) before combining any; outside the fused step two
     of them were made ahead (`_ahead_bytes`). Measured on enc-base and dec-base (README)."""
-    largest = max(count([shape]) for shape in shapes) * vbytes
+    largest = max(count([shape]) for shape in shapes)
     name = optimizer.lower()
-    return largest * (1 if name == "sgd" else 4 if name == "lion" and fused else 2)
+    if rounding:  # each rounded update waits for the previous one's writes (zoo.optimizers.rounding)
+        return largest * 4 * ROUNDED_UPDATE[name]
+    return largest * vbytes * (1 if name == "sgd" else 4 if name == "lion" and fused else 2)
 
 
-def _ahead_bytes(params, vbytes, optimizer, fused) -> int:
+def _ahead_bytes(params, vbytes, optimizer, fused, rounding=None) -> int:
     """Keras' Lion computes m·β1 and m·β2 from the momentum alone, so in Keras' own step (and
     `backbone_step`) TF's executor makes both for every variable when the step starts and holds
     them to the update: two more copies of the weights' size for the whole step (enc-base and
-    dec-base measured 1.8-2.0). The fused update waits for each block's gradients: none ahead."""
-    return 2 * params * vbytes if optimizer.lower() == "lion" and not fused else 0
+    dec-base measured 1.8-2.0). The fused update waits for each block's gradients, and a rounded
+    update for its own gradient: none ahead."""
+    return 2 * params * vbytes if optimizer.lower() == "lion" and not fused and not rounding else 0
 
 def split_config(checkpointing, fused=False, accumulation_steps: int = 1) -> tuple:
     """(policy, fused) from a checkpointing policy or a `CONFIGS` name ("full+fused")."""
@@ -162,21 +177,23 @@ def split_config(checkpointing, fused=False, accumulation_steps: int = 1) -> tup
     return policy, bool(fused)
 
 
-def estimate(spec, batch_size: int, sequence_length: int, precision: str = "float32",
+def estimate(spec, batch_size: int, sequence_length: int, precision: str | None = None,
              checkpointing="none", task=None, optimizer: str = "adamw", attention: str = "chunked",
              chunk_size: int | None = None, fused: bool = False, loss_chunk: int | None = None,
-             accumulation_steps: int = 1) -> MemoryEstimate:
+             accumulation_steps: int = 1, weights_dtype: str = "float32") -> MemoryEstimate:
     """Bytes one training step holds at its peak, by component: what the TF allocator's
     peak shows for a process that builds the model and the optimizer and trains.
 
     Args:
         spec: a registered model name or a `ModelSpec` (nothing is built).
         batch_size, sequence_length: the step's shape.
-        precision: a dtype policy name ("float32", "mixed_bfloat16", ...).
+        precision: a dtype policy name ("float32", "mixed_bfloat16", ...); None: float32, or
+            bfloat16 for bfloat16 weights.
         checkpointing: "none", "selective", "full", or a `CONFIGS` name ("full+fused").
         task: the task head; None: the family's default.
-        optimizer: "adamw"/"adam" (two fp32 moments), "lion" (one), "adafactor" (Keras':
-            a full-size velocity plus factored row/column statistics) or "sgd".
+        optimizer: a row of the optimizer table (`OPTIMIZERS`): "adamw"/"adam" (two moments),
+            "lion" (one), "adafactor" (zoo.optimizers': float32 row and column statistics
+            only), "keras-adafactor" (a full-size velocity besides them) or "sgd".
         attention: the attention core, "chunked" (default) or "plain".
         chunk_size: the chunked core's tile side; None: as the model picks it.
         fused: the optimizer step inside the backward pass, block by block (needs "full").
@@ -184,17 +201,22 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
             chunk, 0: the whole logits at once.
         accumulation_steps: micro-batches per update; above 1 the optimizer keeps one
             accumulator per variable.
+        weights_dtype: "float32", or "bfloat16" (no float32 copy; zoo.optimizers' stochastic
+            rounding: weights, gradients and full-size slots 2 bytes, the update in float32).
 
     Returns:
         A `MemoryEstimate` (bytes per component and `.total`).
 
     Example:
     >>> estimate("enc-1b", 4, 512, "mixed_bfloat16", "full").total / GiB
+    >>> estimate("dec-1b", 8, 512, checkpointing="full+fused", optimizer="adafactor", weights_dtype="bfloat16")
     """
     s = registry.spec(spec)
     checks.positive("batch_size", batch_size)
     checks.positive("sequence_length", sequence_length)
     task = task or s.default_task
+    precision, rounding = checks.weights(weights_dtype, precision, accumulation_steps=accumulation_steps)
+    optimizer_state.check_weights(optimizer, weights_dtype)
     policy, fused = split_config(checkpointing, fused, accumulation_steps)
     shapes = variable_shapes(s, task)
     params = count(shapes)
@@ -239,15 +261,15 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str = "floa
         weights=params * vbytes,
         gradients=gradients,
         optimizer=optimizer_state_bytes(optimizer, shapes, vbytes, accumulation_steps)
-        + _ahead_bytes(params, vbytes, optimizer, fused),
+        + _ahead_bytes(params, vbytes, optimizer, fused, rounding),
         activations=int(activations),
         logits=int(logits),
         saved_extra=int(_saved_extra(s, b, seq, precision, policy)),
         head_gradient=max(count([shape]) for shape in shapes) * vbytes,
-        update=_update_bytes(shapes, vbytes, optimizer, fused),
+        update=_update_bytes(shapes, vbytes, optimizer, fused, rounding),
         recompute=int(per_layer_full + _saved_extra(s, b, seq, precision, "full") + working) if policy == "full" else 0,
         fused=fused,
-        block_update=_update_bytes(block, vbytes, optimizer, fused) if fused else 0,
+        block_update=_update_bytes(block, vbytes, optimizer, fused, rounding) if fused else 0,
     )
 
 
@@ -283,16 +305,17 @@ def largest_batch(spec, sequence_length: int, budget_bytes: int, limit: int = 40
 
 
 def choose(spec, batch_size: int, sequence_length: int, budget_bytes: int | None = None,
-           precision: str = "float32", task=None, optimizer: str = "adamw", configs=CONFIGS,
-           accumulation_steps: int = 1, **kwargs) -> tuple:
+           precision: str | None = None, task=None, optimizer: str = "adamw", configs=CONFIGS,
+           accumulation_steps: int = 1, weights_dtype: str = "float32", **kwargs) -> tuple:
     """What `checkpointing="auto"` picks: the first of `configs` (fastest first: none,
-    selective, full, full+fused) whose estimate fits `budget_bytes`.
+    selective, full, full+fused) whose estimate fits `budget_bytes`. Only the recomputation
+    and the fused update are chosen: the optimizer and the weights' dtype stay the caller's.
 
     Args:
         spec: a registered model name or a `ModelSpec`.
         batch_size, sequence_length: the step's shape.
         budget_bytes: the memory to fit in; None: `default_budget()`.
-        precision, task, optimizer, **kwargs: as `estimate` takes them.
+        precision, task, optimizer, weights_dtype, **kwargs: as `estimate` takes them.
         configs: the configurations to try, in order.
         accumulation_steps: above 1, the fused configurations are left out (they cannot accumulate).
 
@@ -309,15 +332,21 @@ def choose(spec, batch_size: int, sequence_length: int, budget_bytes: int | None
     if accumulation_steps > 1:
         configs = [c for c in configs if not c.endswith("+fused")]
     estimates = {c: estimate(spec, batch_size, sequence_length, precision, c, task=task, optimizer=optimizer,
-                             accumulation_steps=accumulation_steps, **kwargs) for c in configs}
+                             accumulation_steps=accumulation_steps, weights_dtype=weights_dtype, **kwargs)
+                 for c in configs}
     for config, e in estimates.items():
         if e.total <= budget:
             return config, e
     smallest = min(estimates, key=lambda c: estimates[c].total)
-    lighter = ", a lighter optimizer (lion)" if optimizer.lower() in ("adam", "adamw", "adafactor") else ""
-    half = ", precision='mixed_bfloat16'" if precision == "float32" else ""
+    policy = checks.weights(weights_dtype, precision)[0]
+    lighter = optimizer.lower() not in ("adafactor", "sgd")
+    hints = [", a lighter optimizer (adafactor: factored statistics, no full-size state)"] if lighter else []
+    hints += [", precision='mixed_bfloat16'"] if policy == "float32" else []
+    if weights_dtype == "float32":
+        hints.append(", bfloat16 weights (weights_dtype='bfloat16': stochastic rounding)")
     name = spec if isinstance(spec, str) else "the model"
     raise ValueError(
         f"No configuration of {name} fits a budget of {budget / GiB:.2f} GiB at batch {batch_size} x sequence "
-        f"{sequence_length} ({precision}, {optimizer}): the smallest estimate is {estimates[smallest].total / GiB:.2f} "
-        f"GiB ({smallest}). Use a smaller batch or sequence{lighter}{half}, or a larger budget.")
+        f"{sequence_length} ({policy}, {weights_dtype} weights, {optimizer}): the smallest estimate is "
+        f"{estimates[smallest].total / GiB:.2f} GiB ({smallest}). Use a smaller batch or sequence{''.join(hints)}, "
+        "or a larger budget.")

@@ -143,6 +143,7 @@ class ZooModel(keras.Model):
         """Which training step runs is decided here, and only here: the fused update when
         `set_fused_update` turned it on; a loss made from the backbone's outputs when the model
         has one (`loss_from_backbone`: the causal LM's chunked loss); otherwise Keras' own step."""
+        step.check_weights(self)
         if self.fused_update:
             return fused.train_step(self, data, self.fused_update)
         if self.loss_from_backbone():

@@ -2,7 +2,8 @@
 
 The fused update applies an optimizer to one block's variables at a time, which Keras' public
 `apply` cannot do without advancing the step counter; recipes.optim overrides a few hooks to sum
-replicas' gradients first. Both use the methods below. `PRIVATE_API` names each with the
+replicas' gradients first; zoo.optimizers keeps per-variable slots and rounds bfloat16 writes. All
+use the methods below. `PRIVATE_API` names each with the
 parameters it has in the Keras version pyproject.toml pins, and tests/zoo/test_keras_optimizer.py
 fails by name when a Keras upgrade renames or reshapes one.
 """
@@ -16,6 +17,9 @@ PRIVATE_API = {
     "BaseOptimizer._clip_gradients": ("self", "grads"),
     "BaseOptimizer._apply_weight_decay": ("self", "variables"),
     "BaseOptimizer._use_weight_decay": ("self", "variable"),
+    "BaseOptimizer._var_key": ("self", "variable"),
+    "BaseOptimizer._get_variable_index": ("self", "variable"),
+    "BaseOptimizer._overwrite_variable_with_gradient": ("self", "variable"),
     "TFOptimizer._backend_update_step": ("self", "grads", "trainable_variables", "learning_rate"),
     "TFOptimizer._all_reduce_sum_gradients": ("self", "grads_and_vars"),
     "BaseOptimizer._backend_increment_gradient_accumulators": ("self", "grads", "acc_grads"),
@@ -41,6 +45,21 @@ def update(optimizer, grads, variables):
     step counter (the caller advances it once per step)."""
     optimizer._apply_weight_decay(variables)
     optimizer._backend_update_step(grads, variables, optimizer.learning_rate)
+
+
+def decays(optimizer, variable) -> bool:
+    """Whether the optimizer's weight decay applies to `variable` (not excluded)."""
+    return optimizer._use_weight_decay(variable)
+
+
+def variable_index(optimizer, variable) -> int:
+    """`variable`'s place among the variables the optimizer was built with (its slots' index)."""
+    return optimizer._get_variable_index(variable)
+
+
+def overwritten(optimizer, variable) -> bool:
+    """Whether the optimizer overwrites `variable` with its gradient (Keras' float8 scales): no slots."""
+    return optimizer._overwrite_variable_with_gradient(variable)
 
 
 def skip_step(scaler):

@@ -7,7 +7,20 @@ runs is decided in `ZooModel.train_step`. Each reports the loss and metrics as K
 import keras
 import tensorflow as tf
 
-from zoo.training.keras_optimizer import unscale_loss_for_distribution
+from zoo.training.keras_optimizer import split_scaling, unscale_loss_for_distribution
+
+
+def check_weights(model):
+    """bfloat16 weights train only with an optimizer that rounds into them (zoo.optimizers'
+    `rounding`): Keras' own round each update to nearest, and its AdamW never moves one."""
+    inner, _ = split_scaling(model.optimizer)
+    bf16 = [v.path for v in model.trainable_variables if keras.backend.standardize_dtype(v.dtype) == "bfloat16"]
+    if bf16 and getattr(inner, "rounding", None) is None:
+        raise ValueError(
+            f"{type(model).__name__} has bfloat16 weights (e.g. {bf16[0]!r}), and {type(inner).__name__} would round "
+            "each update to nearest, losing every update below half a bfloat16 step (Keras' AdamW never moves one). "
+            "Compile with zoo.optimizers.AdamW, Lion or Adafactor(..., rounding='stochastic'), or build the model "
+            "with float32 weights (dtype='mixed_bfloat16').")
 
 
 def track_loss(model, x, loss):
