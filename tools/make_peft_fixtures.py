@@ -11,10 +11,12 @@ Two fixtures under `tests/fixtures/peft/<name>/`:
   llama  LlamaForCausalLM, grouped-query attention (k/v narrower than q), untied head; LoRA on all
          seven projections (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj), r=4, lora_alpha=12
          (scaling 3). Outputs: the logits.
-  bert   BertModel (the backbone: the issue names BertModel for the adapter format, and a classifier's
-         head would be PEFT's modules_to_save, a separate concern); LoRA on query, key, value and every
-         `dense` (attention.output.dense, intermediate.dense, output.dense and pooler.dense: PEFT's suffix
-         rule), r=8, lora_alpha=4 (scaling 0.5). Outputs: last_hidden_state and pooler_output.
+  bert   BertModel (the issue names BertModel for the adapter format); LoRA on query, key, value and
+         every `dense` (attention.output.dense, intermediate.dense, output.dense and pooler.dense: PEFT's
+         suffix rule), r=8, lora_alpha=4 (scaling 0.5). Outputs: last_hidden_state and pooler_output.
+  bert-cls  BertForSequenceClassification (3 labels) with PEFT's SEQ_CLS defaults: LoRA on query and
+         value, the classifier trained in full (modules_to_save), and rsLoRA (use_rslora: scaling
+         lora_alpha / sqrt(r) = 6 / 2 = 3). Outputs: the logits.
 
 The base is randomised as tools/make_hf_fixtures.py does; every lora_A and lora_B is drawn again
 (N(0, 0.1)): PEFT's default puts B at zero, which would make any adapter reader look right.
@@ -28,6 +30,7 @@ The base is randomised as tools/make_hf_fixtures.py does; every lora_A and lora_
 
 import json
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -57,6 +60,12 @@ FIXTURES = {
                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
              dict(r=8, lora_alpha=4, target_modules=["query", "key", "value", "dense"], task_type="FEATURE_EXTRACTION"),
              12),
+    "bert-cls": ("BertForSequenceClassification",
+                 dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                      max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12,
+                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3),
+                 dict(r=4, lora_alpha=6, use_rslora=True, task_type="SEQ_CLS"),
+                 12),
 }
 
 
@@ -73,13 +82,14 @@ def outputs(model, x):
 
 
 def randomise_adapter(model, seed):
-    """Every lora_A / lora_B drawn N(0, 0.1), so that B is not zero and A is not PEFT's init."""
+    """Every lora_A / lora_B drawn N(0, 0.1), so that B is not zero and A is not PEFT's init, and a
+    modules_to_save copy too, so that it differs from the base's head."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            if ".lora_A." in name or ".lora_B." in name:
+            if ".lora_A." in name or ".lora_B." in name or ".modules_to_save." in name:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
 
 
@@ -105,6 +115,8 @@ def expected(name, model, x):
 
 
 def make(root=ROOT):
+    if os.environ.get("PYTHONHASHSEED") != "0":  # PEFT writes target_modules from a set: fix its order
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"})
     import torch
     import transformers
     from peft import LoraConfig, get_peft_model
@@ -167,7 +179,10 @@ def check(out):
         real = x["attention_mask"].astype(bool)
         diffs = {k: float(np.abs(v - reference[f"peft_{k}"])[real].max() if v.ndim == 3 else
                           np.abs(v - reference[f"peft_{k}"]).max()) for k, v in got.items()}
-        rows[name] = {"warnings": records[:] + [str(w.message) for w in caught], "max_abs_diff": diffs}
+        # transformers 5.24 deprecation notices (is_gradient_checkpointing, raised inside PEFT) say nothing of the folder
+        notices = (FutureWarning, DeprecationWarning)
+        rows[name] = {"warnings": records[:] + [str(w.message) for w in caught if not issubclass(w.category, notices)],
+                      "max_abs_diff": diffs}
     print(f"{'fixture':8} {'warnings':>8}  max |diff| to PEFT's own adapter")
     for name, row in rows.items():
         print(f"{name:8} {len(row['warnings']):8d}  {row['max_abs_diff']}")

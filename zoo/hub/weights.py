@@ -37,6 +37,8 @@ class Entry:
         group: the part of the model it belongs to: "backbone", "pooler", "mlm",
             "classifier" or "lm_head". A missing backbone tensor is an error; a
             missing head is freshly initialised.
+        module: the Keras `Dense` of a projection's weight (what LoRA attaches to,
+            under the Hugging Face module name), else None.
 
     Example:
     >>> Entry("pooler.dense.weight", model.pooler.kernel, transpose=True, group="pooler")
@@ -46,6 +48,7 @@ class Entry:
     variable: object
     transpose: bool = False
     group: str = "backbone"
+    module: object = None
 
 
 def dense(prefix, layer, group="backbone") -> list[Entry]:
@@ -64,7 +67,7 @@ def dense(prefix, layer, group="backbone") -> list[Entry]:
     >>> [e.key for e in dense("pooler.dense", backbone.pooler)]
     ['pooler.dense.weight', 'pooler.dense.bias']
     """
-    entries = [Entry(f"{prefix}.weight", layer.kernel, True, group)]
+    entries = [Entry(f"{prefix}.weight", layer.kernel, True, group, module=layer)]
     if layer.use_bias:
         entries.append(Entry(f"{prefix}.bias", layer.bias, False, group))
     return entries

@@ -138,6 +138,18 @@ class ZooModel(keras.Model):
         self._drop_compiled_functions()
         return self.fused_update
 
+    def enable_lora(self, rank=16, alpha=32, targets=None, dropout=0.0) -> list:
+        """LoRA adapters on the projections, everything else frozen but a new head (`zoo.lora.enable_lora`)."""
+        from zoo import lora
+
+        return lora.enable_lora(self, rank=rank, alpha=alpha, targets=targets, dropout=dropout)
+
+    def merge_lora(self) -> list:
+        """Fold the LoRA adapters into the kernels and remove them (`zoo.lora.merge_lora`)."""
+        from zoo import lora
+
+        return lora.merge_lora(self)
+
     def train_step(self, data):
         if self.fused_update:
             return fused.train_step(self, data, self.fused_update)
