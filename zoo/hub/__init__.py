@@ -31,7 +31,7 @@ from pathlib import Path
 from zoo.files import atomic_path
 from zoo.hub import bert, llama, weights
 from zoo.hub.gguf import convert_gguf
-from zoo.hub.peft import check_plain, load_adapter, save_adapter
+from zoo.hub.peft import check_plain, load_adapter, read_config, save_adapter
 from zoo.hub.tokenizers import load_tokenizer, read_json, save_tokenizer
 from zoo.hub.weights import INDEX, WEIGHTS, Entry
 from zoo.models import build
@@ -249,6 +249,8 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
     config = read_json(folder / "config.json")
     if not config:
         raise FileNotFoundError(f"{folder} has no config.json; it is not a Hugging Face model folder.")
+    if adapter is not None:
+        read_config(adapter)  # refuse an unreadable adapter before building the model
     spec, own_task, task_args = spec_from_config(config)
     if name is not None and not isinstance(name, ModelSpec):
         expected = registered_spec(name)
