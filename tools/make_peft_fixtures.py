@@ -29,10 +29,8 @@ The base is randomised as tools/make_hf_fixtures.py does; every lora_A and lora_
 """
 
 import json
-import logging
 import os
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +40,7 @@ ROOT = REPO / "tests" / "fixtures" / "peft"
 SEED = 2121
 
 sys.path.insert(0, str(REPO))
-from tools.make_hf_fixtures import inputs, randomise  # noqa: E402  (the same ids and parameter draws)
+from tools.make_hf_fixtures import inputs, main, randomise, transformers_warnings  # noqa: E402
 
 # name -> (transformers class, config arguments, LoraConfig arguments, sequence length)
 FIXTURES = {
@@ -157,21 +155,9 @@ def resave(out):
 def check(out):
     """PEFT side: load what zoo saved onto each base, with no warning, and reproduce expected.npz.
     Prints a table and one JSON line."""
-    import transformers
-
-    transformers.logging.set_verbosity_warning()
-    records = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    transformers.logging.get_logger().addHandler(Collect(logging.WARNING))
     rows = {}
     for name in FIXTURES:
-        records.clear()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with transformers_warnings() as found:
             model = load(name, ROOT / name, Path(out) / name)
         reference = np.load(ROOT / name / "expected.npz", allow_pickle=False)
         x = {k: reference[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in reference}
@@ -179,10 +165,7 @@ def check(out):
         real = x["attention_mask"].astype(bool)
         diffs = {k: float(np.abs(v - reference[f"peft_{k}"])[real].max() if v.ndim == 3 else
                           np.abs(v - reference[f"peft_{k}"]).max()) for k, v in got.items()}
-        # transformers 5.24 deprecation notices (is_gradient_checkpointing, raised inside PEFT) say nothing of the folder
-        notices = (FutureWarning, DeprecationWarning)
-        rows[name] = {"warnings": records[:] + [str(w.message) for w in caught if not issubclass(w.category, notices)],
-                      "max_abs_diff": diffs}
+        rows[name] = {"warnings": found, "max_abs_diff": diffs}
     print(f"{'fixture':8} {'warnings':>8}  max |diff| to PEFT's own adapter")
     for name, row in rows.items():
         print(f"{name:8} {len(row['warnings']):8d}  {row['max_abs_diff']}")
@@ -192,10 +175,4 @@ def check(out):
 
 
 if __name__ == "__main__":
-    command = sys.argv[1] if len(sys.argv) > 1 else "make"
-    if command == "make":
-        make()
-    elif command in ("resave", "check") and len(sys.argv) == 3:
-        (resave if command == "resave" else check)(sys.argv[2])
-    else:
-        sys.exit(__doc__)
+    main(make, resave, check, __doc__)

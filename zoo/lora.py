@@ -44,6 +44,12 @@ def _family(model):
     return getattr(model, "backbone", model).spec.family
 
 
+def _weight_map(model):
+    from zoo.hub.families import family_of
+
+    return family_of(model).weight_map(model)
+
+
 def projections(model) -> dict:
     """Hugging Face module name -> Keras `Dense`, for every projection LoRA may target (a new
     classifier head excluded: it trains in full). Names are those of the task model's Hugging
@@ -53,12 +59,12 @@ def projections(model) -> dict:
     >>> list(projections(zoo.get("dec-base", num_layers=1)))[:2]
     ['model.layers.0.self_attn.q_proj', 'model.layers.0.self_attn.k_proj']
     """
-    from zoo import hub
+    from zoo.hub.families import family_of
     from zoo.hub.weights import hf_name
 
-    family = hub.FAMILIES[_family(model)]
+    family = family_of(model)
     return {hf_name(e, family, model.task)[: -len(".weight")]: e.module
-            for e in hub.weight_map(model) if e.module is not None and e.group not in HEAD_GROUPS}
+            for e in family.weight_map(model) if e.module is not None and e.group not in HEAD_GROUPS}
 
 
 def adapters(model) -> dict:
@@ -162,9 +168,7 @@ def add_adapters(model, plan: dict) -> list:
     missing = [name for name in plan if name not in modules]
     if missing:
         raise ValueError(f"No projection {missing[0]!r} in this model; {_known(list(modules))}")
-    from zoo import hub
-
-    head = {id(e.variable) for e in hub.weight_map(model) if e.group in HEAD_GROUPS}
+    head = {id(e.variable) for e in _weight_map(model) if e.group in HEAD_GROUPS}
     frozen = [v for v in model.trainable_variables if id(v) not in head]
     for variable in frozen:
         variable.trainable = False
@@ -288,9 +292,7 @@ def quantize_base(model, mode) -> list:
                          "kernels (merge_lora() first to quantize a merged model).")
     if any(getattr(layer, "quantization_mode", None) for layer in model._flatten_layers()):
         raise ValueError("This model is already quantized.")
-    from zoo import hub
-
-    head = {id(e.module) for e in hub.weight_map(model) if e.group in HEAD_GROUPS and e.module is not None}
+    head = {id(e.module) for e in _weight_map(model) if e.group in HEAD_GROUPS and e.module is not None}
 
     def frozen_base(layer):
         return isinstance(layer, (keras.layers.Dense, keras.layers.Embedding)) and id(layer) not in head

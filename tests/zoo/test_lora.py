@@ -70,7 +70,8 @@ def test_each_projection_computes_base_plus_scaled_x_a_b(name):
     rng = np.random.default_rng(3)
     for layer_name, layer in lora.adapters(model).items():
         x = rng.normal(size=(2, 5, layer._kernel.shape[0])).astype("float32")
-        expected = x @ layer._kernel.numpy() + (12 / 4) * (x @ layer.lora_kernel_a.numpy()) @ layer.lora_kernel_b.numpy()
+        a, b = layer.lora_kernel_a.numpy(), layer.lora_kernel_b.numpy()
+        expected = x @ layer._kernel.numpy() + (12 / 4) * (x @ a) @ b
         if layer.bias is not None:
             expected += layer.bias.numpy()
         activation = keras.activations.serialize(layer.activation)
@@ -167,7 +168,8 @@ def gradients(model, x, y):
     with tf.GradientTape() as tape:
         out = model(x, training=True)["logits"]
         loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, out, from_logits=True))
-    return {v.path: g.numpy() for v, g in zip(model.trainable_variables, tape.gradient(loss, model.trainable_variables))}
+    grads = tape.gradient(loss, model.trainable_variables)
+    return {v.path: g.numpy() for v, g in zip(model.trainable_variables, grads)}
 
 
 @pytest.mark.parametrize("name,mode", [("enc-mini", None), ("dec-base", "int4")])

@@ -137,7 +137,8 @@ def test_an_adapter_for_another_base_is_refused_by_name(tmp_path):
         peft.load_adapter(zoo.get("dec-base", **{**shape, "num_layers": 1, "num_kv_heads": 2}), adapter)
     with pytest.raises(ValueError, match=r"has rank 4, but adapter_config.json says r=8 .*\(fields r / rank_pattern\)"):
         hub.load(FIXTURES / "llama" / "base", adapter=copy_adapter(tmp_path, r=8))
-    with pytest.raises(ValueError, match=r"Unexpected tensor 'base_model\.model\.classifier\.(weight|bias)'.*neither a LoRA factor nor a head of this backbone"):
+    with pytest.raises(ValueError, match=r"Unexpected tensor 'base_model\.model\.classifier\.(weight|bias)'.*"
+                                         r"neither a LoRA factor nor a head of this backbone"):
         peft.load_adapter(zoo.get("enc-mini", **shape), FIXTURES / "bert-cls" / "adapter")  # a head it lacks
 
 

@@ -6,7 +6,8 @@ zoo variables, tokenizer files <-> keras-hub tokenizers.
     zoo.hub.push(model, "me/my-model")
 
 One module per concern: `bert.py` and `llama.py` (one per family), `weights.py`
-(safetensors, streaming and shards), `tokenizers.py`, `gguf.py` (llama.cpp files).
+(safetensors, streaming and shards), `tokenizers.py`, `gguf.py` (llama.cpp files),
+`peft.py` (PEFT LoRA adapter folders).
 
 A family module exposes:
     FAMILY, MODEL_TYPE        the zoo family and Hugging Face `model_type`
@@ -18,7 +19,7 @@ A family module exposes:
     spec_from_config(config) -> ModelSpec
     config_from_spec(spec, task, num_classes=None) -> dict
     weight_map(model) -> list[weights.Entry]
-and is registered in `FAMILIES`; nothing else in the package names a family.
+and is registered in `FAMILIES` (`families.py`); nothing else in the package names a family.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ import tempfile
 from pathlib import Path
 
 from zoo.files import atomic_path
-from zoo.hub import bert, llama, weights
+from zoo.hub import weights
+from zoo.hub.families import FAMILIES
+from zoo.hub.families import family_of as _family_of
 from zoo.hub.gguf import convert_gguf
 from zoo.hub.peft import check_plain, load_adapter, read_config, save_adapter
 from zoo.hub.tokenizers import load_tokenizer, read_json, save_tokenizer
@@ -38,14 +41,9 @@ from zoo.models import build
 from zoo.registry import ModelSpec, names
 from zoo.registry import spec as registered_spec
 
-FAMILIES = {module.FAMILY: module for module in (bert, llama)}
 # Hugging Face architecture -> (zoo family, zoo task).
 ARCHITECTURES = {arch: (name, task) for name, module in FAMILIES.items() for arch, task in module.ARCHITECTURES.items()}
 _ARCH_OF = {value: arch for arch, value in ARCHITECTURES.items()}
-
-
-def _family_of(model):
-    return FAMILIES[getattr(model, "backbone", model).spec.family]
 
 
 # --- config.json <-> ModelSpec ---------------------------------------------------------

@@ -58,7 +58,8 @@ def read_config(folder) -> dict:
         raise FileNotFoundError(f"{folder} has no {CONFIG}; it is not a PEFT adapter folder.")
     config = json.loads(path.read_text())
     if config.get("peft_type") != "LORA":
-        raise ValueError(f"{path} is a {config.get('peft_type')!r} adapter; zoo reads LoRA adapters (peft_type 'LORA').")
+        raise ValueError(f"{path} is a {config.get('peft_type')!r} adapter; zoo reads LoRA adapters "
+                         "(peft_type 'LORA').")
     for field, reason in UNSUPPORTED.items():
         if config.get(field) not in (None, False, [], {}):
             raise ValueError(f"{path}: {field}={config[field]!r} is not supported ({reason}; Keras' LoRA computes "
@@ -82,6 +83,20 @@ def _width_fields(spec, width) -> str:
               "num_kv_heads × head_dim": spec.num_kv_heads * spec.head_dim}
     names = [f for f, value in fields.items() if value == width]
     return " or ".join(names) if names else "a projection width"
+
+
+def _check_factor(key, shape, expected, width_axis, spec):
+    """Refuse a factor whose shape is not the model's, naming the width's spec field."""
+    if tuple(shape) == expected:
+        return
+    if shape[width_axis] != expected[width_axis]:
+        ours, theirs = expected[width_axis], shape[width_axis]
+        what = (f"{'input' if width_axis == 1 else 'output'} width {theirs}, where this model has {ours} "
+                f"({_width_fields(spec, ours)})")
+    else:
+        what = f"lora_B rank {shape[1]}, where its lora_A has rank {expected[1]}"
+    raise ValueError(f"Adapter tensor {key!r} has shape {tuple(shape)}; this model needs {expected}: the adapter's "
+                     f"{what}. Load an adapter onto the base it was trained on.")
 
 
 def load_adapter(model, folder) -> list:
@@ -109,7 +124,7 @@ def load_adapter(model, folder) -> list:
     """
     from safetensors import safe_open
 
-    from zoo import hub
+    from zoo.hub.families import family_of
     from zoo.hub.weights import cast, hf_name, hf_shape, normalise
 
     folder = Path(folder)
@@ -120,11 +135,11 @@ def load_adapter(model, folder) -> list:
         raise FileNotFoundError(f"{folder} has no {WEIGHTS}" + (
             f" (only {', '.join(pickles)}, a PyTorch pickle zoo never unpickles: load it in PEFT and "
             "save_pretrained(folder, safe_serialization=True) once)." if pickles else "."))
-    family = hub.FAMILIES[lora._family(model)]
+    family = family_of(model)
     spec = getattr(model, "backbone", model).spec
     modules = lora.projections(model)
     by_name = {normalise(name, family): name for name in modules}
-    heads = {normalise(hf_name(e, family, model.task), family): e for e in hub.weight_map(model)
+    heads = {normalise(hf_name(e, family, model.task), family): e for e in family.weight_map(model)
              if e.group in lora.HEAD_GROUPS}
     rslora = bool(config.get("use_rslora"))
     plan, tensors, head_arrays = {}, {}, {}
@@ -151,14 +166,8 @@ def load_adapter(model, folder) -> list:
             a, b = f.get_tensor(factors["A"]), f.get_tensor(factors["B"])
             layer = modules[name]
             fan_in, fan_out, rank = layer._kernel.shape[0], layer.units, a.shape[0]
-            for key, array, expected, axis in ((factors["A"], a, (rank, fan_in), 1), (factors["B"], b, (fan_out, rank), 0)):
-                if array.shape != expected:
-                    ours, theirs = expected[axis], array.shape[axis]
-                    what = "rank" if ours == rank and theirs != rank else (
-                        f"{'input' if axis == 1 else 'output'} width {theirs}, where this model has {ours} "
-                        f"({_width_fields(spec, ours)})")
-                    raise ValueError(f"Adapter tensor {key!r} has shape {array.shape}; this model needs {expected}: "
-                                     f"the adapter's {what}. Load an adapter onto the base it was trained on.")
+            _check_factor(factors["A"], a.shape, (rank, fan_in), 1, spec)
+            _check_factor(factors["B"], b.shape, (fan_out, rank), 0, spec)
             expected_rank = _pattern_value(config.get("rank_pattern"), module, config.get("r"))
             if rank != expected_rank:
                 raise ValueError(f"Adapter tensor {factors['A']!r} has rank {rank}, but {CONFIG} says r="
@@ -204,7 +213,7 @@ def save_adapter(model, folder, overwrite=False) -> Path:
     """
     from safetensors.numpy import save_file
 
-    from zoo import hub
+    from zoo.hub.families import family_of
     from zoo.hub.weights import hf_name
 
     layers = lora.adapters(model)
@@ -218,11 +227,12 @@ def save_adapter(model, folder, overwrite=False) -> Path:
     for name, layer in layers.items():
         tensors[f"{PREFIX}{name}.lora_A.weight"] = np.ascontiguousarray(layer.lora_kernel_a.numpy().T)
         tensors[f"{PREFIX}{name}.lora_B.weight"] = np.ascontiguousarray(layer.lora_kernel_b.numpy().T)
-    family = hub.FAMILIES[lora._family(model)]
-    heads = [e for e in hub.weight_map(model) if e.group in lora.HEAD_GROUPS]
+    family = family_of(model)
+    heads = [e for e in family.weight_map(model) if e.group in lora.HEAD_GROUPS]
     for entry in heads:
         array = np.asarray(entry.variable.numpy())
-        tensors[PREFIX + hf_name(entry, family, model.task)] = np.ascontiguousarray(array.T if entry.transpose else array)
+        array = array.T if entry.transpose else array
+        tensors[PREFIX + hf_name(entry, family, model.task)] = np.ascontiguousarray(array)
     config = {
         "peft_type": "LORA", "task_type": TASK_TYPES.get(model.task), "r": r, "lora_alpha": alpha,
         "target_modules": _target_modules(model, list(layers)),
