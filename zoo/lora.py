@@ -248,6 +248,56 @@ def collect_once():
         gc.collect()
 
 
+def release_scratch_graphs() -> int:
+    """Let go of the graphs Keras traced to infer the zoo models' output shapes, so that a kernel
+    `Model.quantize` replaces is freed. Returns how many were held.
+
+    A functional model infers each layer's output by calling it once in a scratch FuncGraph
+    (keras/src/backend/tensorflow/core.py `compute_output_spec`), which captures every variable
+    the call reads. A `tf.custom_gradient` in that call (tf.nn.silu, zoo's GELU, the chunked
+    attention core) registers its gradient in TensorFlow's global registry for good, and the
+    registered function holds the scratch graph, its captures, and so every float kernel of the
+    model: measured, a quantized zoo model kept its float32 kernels (and a deleted model all its
+    weights). A scratch graph is never differentiated, so its registered gradients are dropped."""
+    from tensorflow.python.framework import ops
+
+    registry = ops._gradient_registry._registry
+    held = [name for name, entry in registry.items()
+            if name.startswith("CustomGradient-") and _scratch(_graph_of(entry["type"]))]
+    for name in held:
+        del registry[name]
+    return len(held)
+
+
+def _scratch(graph) -> bool:
+    return graph is not None and graph.name.startswith("scratch_graph")
+
+
+def _graph_of(function, depth=3):
+    """The graph of the first tensor a (registered gradient) function's closures hold."""
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(value) and not hasattr(value, "graph"):
+            graph = _graph_of(value, depth - 1) if depth else None
+        else:
+            graph = next((t.graph for t in _flatten(value) if hasattr(t, "graph")), None)
+        if graph is not None:
+            return graph
+    return None
+
+
+def _flatten(value):
+    import tensorflow as tf
+
+    try:
+        return tf.nest.flatten(value)
+    except (TypeError, ValueError):
+        return []
+
+
 def _remove_adapter(layer):
     layer._tracker.unlock()
     del layer.lora_kernel_a  # Layer.__delattr__ untracks the variable
@@ -258,11 +308,12 @@ def _remove_adapter(layer):
 
 
 def quantization_config(mode):
-    """Keras' weight-only config for `mode`: weights stored in int8 / int4 (blocks of 128
-    along the input), matmuls in the compute dtype, as QLoRA computes. Keras' default int8
-    also quantizes each layer's input; in the tied LM head (ReversibleEmbedding) that has no
-    straight-through gradient (the gradient to the hidden states then flows only through the
-    input's scale), and it ran 4.6x slower on this CPU (docs/lora.md)."""
+    """Keras' weight-only config for `mode`: weights stored in int8 / int4 (blocks of 128 along
+    the input: Keras' int4 default), matmuls in the compute dtype, as QLoRA computes. Keras'
+    default int8 also quantizes each layer's input: in the LM head (ReversibleEmbedding's
+    reverse) that has no straight-through gradient, so the gradient to the hidden states flows
+    only through the input's scale (adapter gradients at cosine 0.006 to the float base's), and
+    its int8 x int8 matmul ran 5x slower on this CPU (docs/lora.md)."""
     if mode == "int8":
         return keras.quantizers.Int8QuantizationConfig(activation_quantizer=None)
     if mode == "int4":
@@ -297,6 +348,7 @@ def quantize_base(model, mode) -> list:
     def frozen_base(layer):
         return isinstance(layer, (keras.layers.Dense, keras.layers.Embedding)) and id(layer) not in head
 
+    release_scratch_graphs()
     with collect_once():
         model.quantize(config=config, filters=frozen_base, type_check=False)
     model._drop_compiled_functions()
