@@ -28,17 +28,18 @@ class Entry:
     """One Hugging Face tensor and the zoo variable that holds it: `key` without the base-model prefix,
     `transpose` for a Dense kernel (Keras [in, out], Hugging Face [out, in]), and `group` ("backbone",
     "pooler", "mlm", "classifier", "lm_head"): a missing backbone tensor is an error, a missing head is
-    freshly initialised."""
+    freshly initialised. `module` is a projection's Keras `Dense` (what LoRA attaches to), else None."""
 
     key: str
     variable: object
     transpose: bool = False
     group: str = "backbone"
+    module: object = None
 
 
 def dense(prefix, layer, group="backbone") -> list[Entry]:
     """The entries of a Keras `Dense` stored as a Hugging Face `Linear` (weight transposed, then bias)."""
-    entries = [Entry(f"{prefix}.weight", layer.kernel, True, group)]
+    entries = [Entry(f"{prefix}.weight", layer.kernel, True, group, module=layer)]
     if layer.use_bias:
         entries.append(Entry(f"{prefix}.bias", layer.bias, False, group))
     return entries

@@ -139,6 +139,18 @@ class ZooModel(keras.Model):
         self._drop_compiled_functions()
         return self.fused_update
 
+    def enable_lora(self, rank=16, alpha=32, targets=None, dropout=0.0) -> list:
+        """LoRA adapters on the projections, everything else frozen but a new head (`zoo.lora.enable_lora`)."""
+        from zoo import lora
+
+        return lora.enable_lora(self, rank=rank, alpha=alpha, targets=targets, dropout=dropout)
+
+    def merge_lora(self) -> list:
+        """Fold the LoRA adapters into the kernels and remove them (`zoo.lora.merge_lora`)."""
+        from zoo import lora
+
+        return lora.merge_lora(self)
+
     def train_step(self, data):
         """Which training step runs is decided here, and only here: the fused update when
         `set_fused_update` turned it on; a loss made from the backbone's outputs when the model
