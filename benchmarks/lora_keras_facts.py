@@ -18,7 +18,7 @@ C. The adapter gradients of a tiny decoder on a quantized base against the float
    (cosine), with Keras' default configs and with zoo's weight-only ones.
 D. Keras quirks: the merged kernel under mixed_bfloat16 (`Dense.kernel`), what `save_weights`
    keeps of an adapter, `Dense.from_config` and lora_alpha, what a quantized zoo model still
-   holds on the allocator (`zoo.lora.release_scratch_graphs`), and the gc.collect() that Keras
+   holds on the allocator (`zoo.ops.scratch_graphs.release_scratch_graphs`), and the gc.collect() that Keras
    runs for every variable it deletes (Model.quantize, removing an adapter).
 
 Prints the tables and one JSON line.
@@ -146,7 +146,7 @@ def gradient_cosines():
         keras.utils.set_random_seed(1)
         model = zoo.get("dec-base", **TINY_DEC)
         quantize(model)
-        model.enable_lora(rank=4, alpha=8, targets="all-linear")
+        lora.enable_lora(model, rank=4, alpha=8, targets="all-linear")
         for layer in lora.adapters(model).values():
             layer.lora_kernel_b.assign(np.full(layer.lora_kernel_b.shape, 0.01, "float32"))
         with tf.GradientTape() as tape:

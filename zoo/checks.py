@@ -27,3 +27,24 @@ def fused(policy: str, accumulation_steps: int = 1, replicas: int = 1):
     if replicas > 1:
         raise ValueError("The fused update runs on one replica only for now; train without a strategy, or turn "
                          "the fused update off to train data-parallel.")
+
+
+QUANTIZATION_MODES = ("int8", "int4")  # a frozen base through Keras' Model.quantize (zoo.lora.quantize_base)
+
+
+def lora(rank, alpha=None, quantize=None):
+    """Refuse LoRA settings no entry point can train: rank and alpha must be positive, and a quantized
+    base is frozen, so it trains only with LoRA adapters on top (`rank` None: no LoRA)."""
+    if quantize is not None and quantize not in QUANTIZATION_MODES:
+        raise ValueError(f"Unknown quantization {quantize!r}; known: {', '.join(QUANTIZATION_MODES)}.")
+    if rank is None:
+        if quantize is not None:
+            raise ValueError(f"quantize={quantize!r} trains nothing without LoRA: the quantized base is frozen "
+                             "(Keras' integer kernels take no gradient). Add LoRA adapters (lora_rank, --lora-rank "
+                             "16), or drop quantize (--quantize) to fine-tune the float weights.")
+        if alpha is not None:
+            raise ValueError("lora_alpha applies to LoRA only; set lora_rank (--lora-rank) too, or drop lora_alpha.")
+        return
+    positive("lora_rank", rank)
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0):
+        raise ValueError(f"lora_alpha must be a positive number (the update is scaled by alpha / rank); got {alpha!r}.")

@@ -4,25 +4,12 @@ projections as Hugging Face PEFT does, freezes what LoRA leaves frozen, merges, 
 
     model = zoo.get("dec-1b", weights="TinyLlama-1.1B")
     zoo.lora.quantize_base(model, "int4")       # optional: an int4 frozen base (QLoRA-like)
-    model.enable_lora(rank=16, alpha=32, targets="all-linear")
+    zoo.lora.enable_lora(model, rank=16, alpha=32, targets="all-linear")
     model.compile(...); model.fit(...)
     zoo.hub.save_adapter(model, "adapter/")     # what PEFT's PeftModel.from_pretrained reads
 
-Targets are matched by PEFT's rule on the Hugging Face module names of the model (the names
-zoo.hub's weight map gives, "model.layers.0.self_attn.q_proj"): a target in a list matches a
-projection whose name is the target or ends with "." + target ("q_proj", "self_attn.q_proj");
-"all-linear" takes every projection; any other string is a regular expression the whole name
-must match. The default is PEFT's default for the family (its
-TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING): q_proj, v_proj for Llama; query, value
-for BERT, where "dense" also takes the pooler, as in PEFT.
-
-What Keras 3.15.1 does (keras/src/layers/core/dense.py; figures in docs/lora.md):
-  - `enable_lora(rank, lora_alpha)` adds float32 `lora_kernel_a` [in, r] and `lora_kernel_b`
-    [r, out], freezes the kernel (only the kernel) and scales A·B by lora_alpha / rank: PEFT's
-    `scaling` (rsLoRA's alpha / sqrt(r) is alpha·sqrt(r) here).
-  - A float Dense computes x·(W + s·A·B): the adapter is merged into a kernel-sized tensor on
-    every call and its gradient is the kernel-sized x^T·dy, the weight-gradient matmul of full
-    fine-tuning. A quantized Dense computes x·W_q + s·(x·A)·B.
+It sits above the models, beside zoo.hub, because targets are Hugging Face module names, which
+hub's weight maps give. What Keras does underneath, measured: docs/lora.md.
 """
 
 import contextlib
@@ -32,12 +19,15 @@ import re
 import keras
 from keras import ops
 
-DEFAULT_TARGETS = {"llama": ("q_proj", "v_proj"), "bert": ("query", "value")}
+from zoo import checks
+from zoo.checks import QUANTIZATION_MODES
+from zoo.ops.scratch_graphs import release_scratch_graphs
+from zoo.shapes import LORA_DEFAULT_TARGETS, variables
+
 ALL_LINEAR = "all-linear"
 # Weight-map groups of a task head that is new and trained in full beside the adapters
 # (PEFT's modules_to_save for SEQ_CLS: the classifier).
 HEAD_GROUPS = ("classifier",)
-QUANTIZATION_MODES = ("int8", "int4")
 
 
 def _family(model):
@@ -78,14 +68,18 @@ def has_lora(model) -> bool:
 
 
 def match(names, targets, family) -> list:
-    """The names PEFT's rule picks for `targets` (see the module docstring), in model order.
+    """The names PEFT's rule picks for `targets`, in model order: a target in a list matches a name
+    that is it or ends with "." + it ("q_proj", "self_attn.q_proj"); "all-linear" takes every
+    projection; any other string is a regular expression the whole name must match; None is
+    PEFT's default for the family (`zoo.shapes.LORA_DEFAULT_TARGETS`). On BERT "dense" also takes
+    the pooler, as in PEFT.
 
     Raises:
         ValueError: a target that matches nothing, listing the known ones.
     """
     names = list(names)
     if targets is None:
-        targets = DEFAULT_TARGETS[family]
+        targets = LORA_DEFAULT_TARGETS[family]
     if targets == ALL_LINEAR:
         return names
     if isinstance(targets, str):
@@ -107,12 +101,17 @@ def _known(names) -> str:
             f"{'.'.join(names[0].split('.')[-2:])!r}, a regular expression, or {ALL_LINEAR!r}).")
 
 
-def check_rank(rank, alpha):
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
-        raise ValueError(f"LoRA rank must be a positive integer; got {rank!r}.")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
-        raise ValueError(f"LoRA alpha must be a positive number (the update is scaled by alpha / rank); "
-                         f"got {alpha!r}.")
+def check_targets(spec, task, targets):
+    """Refuse, before anything is built, a list of targets whose last parts name no projection of
+    `spec`'s model (the full names are checked again when the adapters are added)."""
+    if targets is None or isinstance(targets, str):
+        return
+    names = list(dict.fromkeys(tag for tag, shape in variables(spec, task) if len(shape) == 2 and tag not in
+                               (None, "embedding", "lm_head", "classifier")))
+    for target in targets:
+        if not isinstance(target, str) or target.rsplit(".", 1)[-1] not in names:
+            raise ValueError(f"Unknown LoRA target {target!r} for a {spec.family} model; known: {', '.join(names)} "
+                             f"(or a dotted suffix of a Hugging Face module name, or {ALL_LINEAR!r}).")
 
 
 def enable_lora(model, rank=16, alpha=32, targets=None, dropout=0.0) -> list:
@@ -124,7 +123,8 @@ def enable_lora(model, rank=16, alpha=32, targets=None, dropout=0.0) -> list:
         rank: the adapters' rank r.
         alpha: LoRA alpha; the update is scaled by alpha / rank, as in PEFT.
         targets: Hugging Face module names or suffixes ("q_proj", "self_attn.o_proj", "dense"),
-            "all-linear", or a regular expression string; None: PEFT's default for the family.
+            "all-linear", or a regular expression string; None: PEFT's default for the family
+            (the rule: `match`).
         dropout: must be 0.0. Keras' LoRA has no dropout on the adapter's input (PEFT's
             lora_dropout); adding it would mean a second adapter matmul outside Keras, seeded
             from the block's dropout seed so that recomputation redraws the same mask.
@@ -137,11 +137,10 @@ def enable_lora(model, rank=16, alpha=32, targets=None, dropout=0.0) -> list:
             listed), or a model that already has LoRA.
 
     Example:
-    >>> model = zoo.get("dec-base", num_layers=2)
-    >>> model.enable_lora(rank=8, alpha=16)
+    >>> enable_lora(zoo.get("dec-base", num_layers=2), rank=8, alpha=16)
     ['model.layers.0.self_attn.q_proj', 'model.layers.0.self_attn.v_proj', ...]
     """
-    check_rank(rank, alpha)
+    checks.lora(rank, alpha)
     if dropout:
         raise ValueError(
             f"LoRA dropout={dropout!r} is not supported: Keras' Dense LoRA has no dropout on the adapter's input, "
@@ -196,7 +195,7 @@ def merge_lora(model) -> list:
     the compute dtype: bfloat16 under mixed_bfloat16). A quantized kernel is dequantized, merged
     and quantized again by Keras (`_get_kernel_with_merged_lora`, what its own `save` does), which
     rounds once more: to deploy a QLoRA adapter, merge it into the float base instead
-    (`zoo.hub.load(base, adapter=folder).merge_lora()`).
+    (`merge_lora(zoo.hub.load(base, adapter=folder))`).
 
     Returns:
         The Hugging Face names of the merged projections.
@@ -246,56 +245,6 @@ def collect_once():
     finally:
         gc.collect = collect
         gc.collect()
-
-
-def release_scratch_graphs() -> int:
-    """Let go of the graphs Keras traced to infer the zoo models' output shapes, so that a kernel
-    `Model.quantize` replaces is freed. Returns how many were held.
-
-    A functional model infers each layer's output by calling it once in a scratch FuncGraph
-    (keras/src/backend/tensorflow/core.py `compute_output_spec`), which captures every variable
-    the call reads. A `tf.custom_gradient` in that call (tf.nn.silu, zoo's GELU, the chunked
-    attention core) registers its gradient in TensorFlow's global registry for good, and the
-    registered function holds the scratch graph, its captures, and so every float kernel of the
-    model: measured, a quantized zoo model kept its float32 kernels (and a deleted model all its
-    weights). A scratch graph is never differentiated, so its registered gradients are dropped."""
-    from tensorflow.python.framework import ops
-
-    registry = ops._gradient_registry._registry
-    held = [name for name, entry in registry.items()
-            if name.startswith("CustomGradient-") and _scratch(_graph_of(entry["type"]))]
-    for name in held:
-        del registry[name]
-    return len(held)
-
-
-def _scratch(graph) -> bool:
-    return graph is not None and graph.name.startswith("scratch_graph")
-
-
-def _graph_of(function, depth=3):
-    """The graph of the first tensor a (registered gradient) function's closures hold."""
-    for cell in getattr(function, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if callable(value) and not hasattr(value, "graph"):
-            graph = _graph_of(value, depth - 1) if depth else None
-        else:
-            graph = next((t.graph for t in _flatten(value) if hasattr(t, "graph")), None)
-        if graph is not None:
-            return graph
-    return None
-
-
-def _flatten(value):
-    import tensorflow as tf
-
-    try:
-        return tf.nest.flatten(value)
-    except (TypeError, ValueError):
-        return []
 
 
 def _remove_adapter(layer):
@@ -348,7 +297,7 @@ def quantize_base(model, mode) -> list:
     def frozen_base(layer):
         return isinstance(layer, (keras.layers.Dense, keras.layers.Embedding)) and id(layer) not in head
 
-    release_scratch_graphs()
+    release_scratch_graphs()  # else the replaced float kernels stay alive (zoo.ops.scratch_graphs)
     with collect_once():
         model.quantize(config=config, filters=frozen_base, type_check=False)
     model._drop_compiled_functions()

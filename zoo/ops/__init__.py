@@ -7,6 +7,7 @@ layers, training steps and the planner can all build on them.
   dropout          dropout from an explicit seed, equal on one device and across replicas
   activations      a GELU that keeps less for the backward pass
   ordering         making TF's executor wait (`after`) and zeros Grappler cannot fold
+  scratch_graphs   freeing what Keras' output-shape tracing holds (every build calls it)
 """
 
 from zoo.ops.attention_core import attention, chunked_attention, plain_attention
