@@ -164,6 +164,8 @@ def add_adapters(model, plan: dict) -> list:
     as PEFT draws it and B zero; freeze every other variable but a new task head.
     `zoo.hub.load_adapter` calls it with an adapter file's ranks before assigning its tensors."""
     modules = _names_without_lora(model)
+    if getattr(model, "fused_update", None):
+        checks.lora_fused()
     missing = [name for name in plan if name not in modules]
     if missing:
         raise ValueError(f"No projection {missing[0]!r} in this model; {_known(list(modules))}")

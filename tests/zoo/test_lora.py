@@ -298,6 +298,8 @@ def test_bad_input_is_refused_with_the_fix():
         lora.quantize_base(model, "int2")
     assert not lora.has_lora(model) and all(v.trainable for v in model.weights if "seed" not in v.path)
     lora.enable_lora(model)
+    with pytest.raises(ValueError, match="fused update is not combined with LoRA"):
+        model.set_fused_update(True)
     with pytest.raises(ValueError, match="already has LoRA"):
         lora.enable_lora(model, targets=["o_proj"])
     with pytest.raises(ValueError, match="before enable_lora"):
