@@ -24,6 +24,7 @@ import numpy as np
 
 from zoo import lora
 from zoo.files import atomic_path
+from zoo.hub.tokenizers import save_tokenizer
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -193,7 +194,7 @@ def load_adapter(model, folder) -> list:
     return list(plan)
 
 
-def save_adapter(model, folder, overwrite=False) -> Path:
+def save_adapter(model, folder, overwrite=False, tokenizer=None, base=None) -> Path:
     """Write a zoo model's LoRA adapters as a PEFT adapter folder (adapter_config.json +
     adapter_model.safetensors, with PEFT's tensor names and shapes and its lora_alpha / r
     scaling) that `PeftModel.from_pretrained(base, folder)` reads onto the Hugging Face base.
@@ -203,6 +204,8 @@ def save_adapter(model, folder, overwrite=False) -> Path:
         model: a zoo model with LoRA (`enable_lora`, `zoo.hub.load(..., adapter=)`).
         folder: the folder to write.
         overwrite: replace an existing folder (else FileExistsError).
+        tokenizer: a keras-hub tokenizer to write beside the adapter (`zoo.hub.save_tokenizer`).
+        base: the base model's folder or repo id, as PEFT's `base_model_name_or_path`.
 
     Returns:
         `folder` as a Path.
@@ -241,13 +244,15 @@ def save_adapter(model, folder, overwrite=False) -> Path:
         "lora_dropout": 0.0, "bias": "none", "use_rslora": False, "use_dora": False, "fan_in_fan_out": False,
         "modules_to_save": sorted({e.key.split(".")[0] for e in heads}) or None, "init_lora_weights": True,
         "layers_to_transform": None, "layers_pattern": None, "inference_mode": True,
-        "base_model_name_or_path": None, "revision": None,
+        "base_model_name_or_path": None if base is None else str(base), "revision": None,
     }
     folder = Path(folder)
     with atomic_path(folder, overwrite) as tmp:
         tmp.mkdir()
         (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         save_file(tensors, tmp / WEIGHTS, metadata={"format": "pt"})
+        if tokenizer is not None:
+            save_tokenizer(tokenizer, tmp)
     return folder
 
 

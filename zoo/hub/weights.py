@@ -99,6 +99,21 @@ def weight_files(folder: Path) -> dict[str, Path]:
     raise FileNotFoundError(f"{folder} has no {WEIGHTS} or {INDEX}.")
 
 
+def fingerprint(folder) -> str:
+    """sha256 over a folder's config.json and weight files: what a LoRA run records of its frozen
+    base, so that adapters are never loaded onto other weights at the same path (1B: seconds)."""
+    import hashlib
+
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    for path in [folder / "config.json", *sorted(set(weight_files(folder).values()))]:
+        digest.update(path.name.encode())
+        with open(path, "rb") as f:
+            while chunk := f.read(2**24):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
 def load_into(model, folder, family, strict=True) -> list[str]:
     """Stream a folder's safetensors into a built zoo model, one tensor at a time, so
     that loading needs about one tensor of memory beyond the model.
