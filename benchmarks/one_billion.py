@@ -37,8 +37,8 @@ VARIANTS = {
 RUNTIME_RSS = 3 * GiB  # TF runtime, Python and allocator slack beyond the allocator's peak (benchmarks/planner.py)
 
 
-def measure(model, batch, seq, precision, steps, optimizer, fused, loss_chunk, clip):
-    """One variant, in this (child) process."""
+def measure(model, batch, seq, precision, steps, optimizer, fused, loss_chunk, clip, **lora):
+    """One variant, in this (child) process (`lora`: compiled_model's LoRA arguments, benchmarks/lora.py)."""
     import time
 
     import tensorflow as tf
@@ -47,7 +47,7 @@ def measure(model, batch, seq, precision, steps, optimizer, fused, loss_chunk, c
     tf.config.experimental.reset_memory_stats("CPU:0")
     start = time.perf_counter()
     m = compiled_model(model, "full", precision, seq, optimizer=optimizer, fused=fused, loss_chunk=loss_chunk,
-                       clip=clip)
+                       clip=clip, **lora)
     build_s = time.perf_counter() - start
     x, y = synthetic_batch(model, batch, seq)
     with _harness.PeakMemory() as mem:
