@@ -31,7 +31,7 @@ def base(recipes_vocab, tmp_path_factory):
 def make_recipe(base):
     return recipes.get(weights=str(base), batch_size=4, sequence_length=16, steps=STEPS, warmup_steps=1,
                        log_every=2, checkpoint_every=2, keep_checkpoints=3, shuffle_buffer=16, learning_rate=1e-2,
-                       checkpointing="full", precision="float32", **LORA)
+                       checkpointing="none", precision="float32", **LORA)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_lora_settings_are_refused_with_the_fix(base, run, recipes_news, tmp_pat
     with pytest.raises(ValueError, match=r"Unknown LoRA target 'qkv' for a llama model; known: q_proj, k_proj"):
         make_recipe(base).replace(lora_targets="q_proj,qkv")
     with pytest.raises(ValueError, match="fused update is not combined with LoRA"):
-        make_recipe(base).replace(fused=True)
+        make_recipe(base).replace(fused=True, checkpointing="full")
     with pytest.raises(ValueError, match="pass weights="):
         recipes.get("dec-base", lora_rank=4)
     with pytest.raises(ValueError, match="holds LoRA adapters, not a base model.*--merge"):
