@@ -228,11 +228,17 @@ def training_flags(parser, steps, batch_size, sequence_length, learning_rate, pr
     parser.add_argument("--batch-size", type=int, default=batch_size)
     parser.add_argument("--learning-rate", type=float, default=learning_rate)
     parser.add_argument("--precision", default=precision)
+    parser.add_argument("--lora-rank", type=int, help="train LoRA adapters of this rank (benchmarks/lora.py)")
+    parser.add_argument("--lora-targets", help="with --lora-rank: projections or all-linear")
+    parser.add_argument("--quantize", help="with --lora-rank: int8 or int4 (the frozen base)")
 
     def flags(args):
+        lora = [(f"--{name.replace('_', '-')}", getattr(args, name)) for name in ("lora_rank", "lora_targets",
+                                                                                 "quantize")]
         return ["--steps", args.steps, "--batch-size", args.batch_size, "--sequence-length", args.sequence_length,
                 "--learning-rate", args.learning_rate, "--precision", args.precision,
-                "--log-every", max(1, args.steps // 4), "--checkpoint-every", args.steps]
+                "--log-every", max(1, args.steps // 4), "--checkpoint-every", args.steps,
+                *[part for flag, value in lora if value is not None for part in (flag, value)]]
 
     return flags
 

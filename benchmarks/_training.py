@@ -12,6 +12,7 @@ import keras
 import numpy as np
 
 import zoo
+import zoo.lora
 
 
 def make_optimizer(name="adam", clip=1.0, rounding=None):
@@ -45,9 +46,10 @@ def pretraining_task(model) -> str:
 
 
 def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=None, optimizer="adam", fused=False,
-                   loss_chunk=None, clip=1.0, weights_dtype="float32", num_layers=None):
+                   loss_chunk=None, clip=1.0, weights_dtype="float32", num_layers=None, lora_rank=None,
+                   lora_targets=None, quantize=None):
     """`weights_dtype` "bfloat16": the "bfloat16" policy and stochastic rounding (zoo.checks.weights);
-    `num_layers`: fewer blocks (smoke runs)."""
+    `num_layers`: fewer blocks (smoke runs); `lora_rank`/`quantize`: LoRA on a (quantized) frozen base."""
     from zoo import checks
 
     spec = zoo.spec(model)
@@ -60,6 +62,10 @@ def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=Non
     keras.utils.set_random_seed(0)  # same weights and data in every variant
     m = zoo.get(model, checkpointing=policy, dtype=precision, task=task, **overrides)
     m.set_attention(core, chunk_size)
+    if quantize:  # LoRA on a frozen quantized base (zoo.lora), as `zoo train --lora-rank --quantize` builds it
+        zoo.lora.quantize_base(m, quantize)
+    if lora_rank:
+        zoo.lora.enable_lora(m, lora_rank, 2 * lora_rank, lora_targets)
     if task == "causal_lm":  # None: the chunked loss's default; 0: the whole logits
         m.set_loss_chunk(loss_chunk)
     if fused:  # the optimizer step inside the backward pass (needs policy "full")

@@ -42,8 +42,8 @@ RUNTIME_RSS = 3 * GiB  # TF runtime, Python and allocator slack beyond the alloc
 
 
 def measure(model, batch, seq, precision, steps, optimizer, fused, loss_chunk, clip, weights_dtype="float32",
-            num_layers=None):
-    """One variant, in this (child) process."""
+            num_layers=None, **lora):
+    """One variant, in this (child) process (`lora`: compiled_model's LoRA arguments, benchmarks/lora.py)."""
     import time
 
     import tensorflow as tf
@@ -52,7 +52,7 @@ def measure(model, batch, seq, precision, steps, optimizer, fused, loss_chunk, c
     tf.config.experimental.reset_memory_stats("CPU:0")
     start = time.perf_counter()
     m = compiled_model(model, "full", precision, seq, optimizer=optimizer, fused=fused, loss_chunk=loss_chunk,
-                       clip=clip, weights_dtype=weights_dtype, num_layers=num_layers)
+                       clip=clip, weights_dtype=weights_dtype, num_layers=num_layers, **lora)
     build_s = time.perf_counter() - start
     x, y = synthetic_batch(model, batch, seq)
     with _harness.PeakMemory() as mem:

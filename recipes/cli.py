@@ -10,7 +10,7 @@ import math
 import sys
 from pathlib import Path
 
-from zoo.checks import ROUNDINGS, WEIGHTS_DTYPES
+from zoo.checks import QUANTIZATION_MODES, ROUNDINGS, WEIGHTS_DTYPES
 from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS
 
 
@@ -32,7 +32,10 @@ def register(subparsers):
     p.add_argument("--weights", help="start from these pretrained weights: a Hugging Face folder or Hub repo id "
                    "(their tokenizer is used)")
     p.add_argument("--out-dir", help="where checkpoints, logs and model.keras go (default: runs/MODEL)")
-    p.add_argument("--hf-out", help="also write the final model as a Hugging Face folder here")
+    p.add_argument("--hf-out", help="also write the final model as a Hugging Face folder here (a LoRA run: a PEFT "
+                   "adapter folder)")
+    p.add_argument("--merge", action="store_true", help="with --lora-rank and --hf-out: write the adapters merged "
+                   "into the float base, as full Hugging Face weights")
     p.add_argument("--recipe", help="recipe name (default: the model's own; with --weights, 'classify' for "
                    "encoders and 'finetune-lm' for decoders)")
     p.add_argument("--steps", type=int, help="optimizer updates (default: the recipe's)")
@@ -60,6 +63,14 @@ def register(subparsers):
                    help="with --fused: 'global' (exact global-norm clip, a norm pass first; default) or 'per-block'")
     p.add_argument("--loss-chunk", type=int,
                    help="causal LM: positions per chunk of the loss (default: chosen; 0: unchunked logits)")
+    p.add_argument("--lora-rank", type=int, help="train LoRA adapters of this rank on --weights, everything else "
+                   "frozen (docs/lora.md)")
+    p.add_argument("--lora-alpha", type=float,
+                   help="LoRA alpha: the update is scaled by alpha / rank (default 2 x rank)")
+    p.add_argument("--lora-targets", help="comma-separated projections (q_proj,v_proj,... / query,value,...) or "
+                   "all-linear (default: PEFT's for the family)")
+    p.add_argument("--quantize", choices=QUANTIZATION_MODES,
+                   help="with --lora-rank: quantize the frozen base (Keras' Model.quantize, weight-only)")
     p.add_argument("--memory-budget", help="with --checkpointing auto: e.g. 24GiB (default: this device's memory)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="model spec override, repeatable (e.g. --override num_layers=2)")
@@ -80,7 +91,8 @@ def _train(args):
         raise ValueError("zoo train needs a model name (zoo list) or --weights to start from.")
     fields = ("batch_size", "sequence_length", "accumulation_steps", "learning_rate", "warmup_steps", "log_every",
               "checkpoint_every", "vocabulary", "precision", "checkpointing", "optimizer", "fused", "fused_clip",
-              "loss_chunk", "memory_budget", "weights_dtype", "rounding")
+              "loss_chunk", "memory_budget", "weights_dtype", "rounding", "lora_rank", "lora_alpha", "lora_targets",
+              "quantize")
     changes = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
     if args.override:
         changes["model_overrides"] = dict(_override(o) for o in args.override)
@@ -104,7 +116,7 @@ def _train(args):
         result = recipes.run(
             recipe, args.data, out_dir, column=args.text_column, label_column=args.label_column,
             data_dir=args.data_dir, validation_every=args.validation_every, hf_out=args.hf_out,
-            strategy=args.strategy, devices=args.devices,
+            strategy=args.strategy, devices=args.devices, merge=args.merge,
         )
     except WorkerLost as error:
         print(f"zoo train: error: {error}", file=sys.stderr)

@@ -28,6 +28,10 @@ def checkpoint(weights: str) -> Checkpoint:
     """What the checkpoint at `weights` (a folder or Hub repo id) is, from its config.json."""
     folder = zoo.hub.local_folder(weights)
     path = folder / "config.json"
+    if (folder / zoo.hub.peft.CONFIG).is_file() or (folder / zoo.loading.ADAPTER_DIR).is_dir():
+        raise ValueError(f"{weights} holds LoRA adapters, not a base model, and LoRA goes on a model once. Merge "
+                         "them into their base first (`zoo train` on the run again with --hf-out MERGED --merge), "
+                         "then start from --weights MERGED.")
     if not path.is_file():
         raise FileNotFoundError(f"{weights} has no config.json; --weights takes a Hugging Face model folder "
                                 "or Hub repo id.")

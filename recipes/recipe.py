@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import zoo
 from recipes import pretrained
-from zoo import checks
+from zoo import checks, lora
 from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS, check_weights
 from zoo.registry import Registry
 from zoo.training.fused import CLIPS
@@ -39,6 +39,11 @@ class Recipe:
     fused: bool = False  # the optimizer step inside the backward pass (zoo.training.fused); needs checkpointing "full"
     fused_clip: str = "global"  # with fused: "global" (exact, a norm pass first) or "per-block" (cheaper, not exact)
     loss_chunk: int | None = None  # causal LM: positions per loss chunk (zoo.ops.lm_loss); None: default; 0: unchunked
+    # LoRA on the weights (zoo.lora): only the adapters (and a new classifier) train; docs/lora.md
+    lora_rank: int | None = None  # None: every weight trains
+    lora_alpha: float | None = None  # the update is scaled by alpha / rank; None: 2 x rank
+    lora_targets: str | None = None  # comma-separated projection names or "all-linear"; None: PEFT's default
+    quantize: str | None = None  # "int8" or "int4": the frozen base through Keras' Model.quantize (needs LoRA)
     # optimizer: `optimizer` picks it; each reads the fields below that it has (recipes/optim.py)
     learning_rate: float = 1e-4
     beta_1: float = 0.9
@@ -87,6 +92,14 @@ class Recipe:
               f"Unknown checkpointing policy {self.checkpointing!r}; known: {', '.join(zoo.POLICIES)}, auto.")
         if self.fused:
             checks.fused(self.checkpointing, self.accumulation_steps)
+        if isinstance(self.lora_targets, (list, tuple)):  # stored as run.json keeps it
+            object.__setattr__(self, "lora_targets", ",".join(self.lora_targets))
+        checks.lora(self.lora_rank, self.lora_alpha, self.quantize, fused=self.fused)
+        check(self.lora_rank is not None or self.lora_targets is None,
+              "lora_targets applies to LoRA only; set lora_rank (--lora-rank) too, or drop lora_targets.")
+        check(self.lora_rank is None or self.weights is not None,
+              "LoRA adapts pretrained weights, and a run keeps only the adapters and a reference to them: pass "
+              "weights= (--weights BASE), a Hugging Face folder.")
         check(self.fused_clip in CLIPS, f"Unknown fused_clip {self.fused_clip!r}; known: {', '.join(CLIPS)}.")
         check(self.loss_chunk is None or (isinstance(self.loss_chunk, int) and self.loss_chunk >= 0),
               f"loss_chunk must be None (the default chunk), 0 (unchunked) or a positive number of positions; "
@@ -111,6 +124,8 @@ class Recipe:
         family = self.spec.family  # raises for an unknown model
         want = "llama" if self.task == "causal_lm" else "bert"
         check(family == want, f"Task {self.task!r} needs a {want} model; {self.name!r} is a {family} model.")
+        if self.lora_rank is not None:
+            lora.check_targets(self.spec, self.task, self.targets)
 
     # -------------------------------------------------------------------------
     @property
@@ -129,6 +144,18 @@ class Recipe:
     def weights_rounding(self) -> str | None:
         """How updates are rounded into the weights: None (float32 weights), "stochastic" or "nearest"."""
         return checks.weights(self.weights_dtype, self.precision, self.rounding)[1]
+
+    @property
+    def targets(self):
+        """`lora_targets` as zoo.lora.enable_lora takes them (None, "all-linear" or a list of names)."""
+        if self.lora_targets is None or self.lora_targets == lora.ALL_LINEAR:
+            return self.lora_targets
+        return [t.strip() for t in self.lora_targets.split(",") if t.strip()]
+
+    @property
+    def alpha(self) -> float | None:
+        """LoRA alpha: `lora_alpha`, or twice the rank (alpha 32 at rank 16)."""
+        return None if self.lora_rank is None else self.lora_alpha or 2 * self.lora_rank
 
     @property
     def name(self) -> str:

@@ -34,7 +34,7 @@ from recipes import distribute, optim, pretrained, state
 from recipes import vocab as vocab_lib
 from recipes.recipe import Recipe, get
 from zoo.files import atomic_path, write_json
-from zoo.loading import MODEL_FILE, TOKENIZER_DIR
+from zoo.loading import ADAPTER_DIR, BASE_FILE, MODEL_FILE, TOKENIZER_DIR, base_record, load_lora_run
 
 
 @dataclass
@@ -52,9 +52,9 @@ class Result:
 class _Intervals(keras.callbacks.Callback):
     """Per-interval bookkeeping: history, TensorBoard scalars, checkpoints, throughput."""
 
-    def __init__(self, recipe, out_dir, interval, result):
+    def __init__(self, recipe, out_dir, interval, result, base=None):
         super().__init__()
-        self.recipe, self.out_dir, self.interval, self.result = recipe, out_dir, interval, result
+        self.recipe, self.out_dir, self.interval, self.result, self.base = recipe, out_dir, interval, result, base
         self.writer = tf.summary.create_file_writer(os.path.join(out_dir, "logs"))
         self.tokens_per_batch = recipe.batch_size * recipe.sequence_length
         self.timed_batches, self.started, self.excluded, self.paused = 0, None, 0.0, None
@@ -89,7 +89,7 @@ class _Intervals(keras.callbacks.Callback):
         every = self.recipe.checkpoint_every
         if step // every > (step - self.interval) // every or step == self.recipe.steps:
             began = time.perf_counter()
-            state.save(self.out_dir, step, self.model, opt, keep=self.recipe.keep_checkpoints)
+            state.save(self.out_dir, step, self.model, opt, keep=self.recipe.keep_checkpoints, base=self.base)
             self.excluded += time.perf_counter() - began
 
     def tokens_per_second(self):
@@ -151,7 +151,8 @@ def build(recipe, num_classes=None):
 
     Returns:
         A compiled Keras model (float32 logits; `mixed_float16` gets Keras' dynamic
-        loss scaling from compile; bfloat16 weights are built with the "bfloat16" policy).
+        loss scaling from compile; bfloat16 weights are built with the "bfloat16" policy); with
+        `lora_rank`, LoRA on the weights, quantized first with `quantize` (zoo.lora).
     """
     recipe = choose_auto(recipe)
     overrides = dict(recipe.model_overrides)
@@ -163,6 +164,10 @@ def build(recipe, num_classes=None):
     else:
         model = zoo.get(recipe.model, checkpointing=recipe.checkpointing, dtype=recipe.dtype_policy,
                         task=recipe.task, **overrides)
+    if recipe.quantize:
+        zoo.lora.quantize_base(model, recipe.quantize)
+    if recipe.lora_rank:
+        zoo.lora.enable_lora(model, recipe.lora_rank, recipe.alpha, recipe.targets)
     if recipe.task == "causal_lm":
         model.set_loss_chunk(recipe.loss_chunk)
     if recipe.fused:
@@ -182,12 +187,14 @@ def choose_auto(recipe) -> Recipe:
     if recipe.checkpointing != "auto":
         return recipe
     budget = zoo.memory.parse_bytes(recipe.memory_budget) if recipe.memory_budget else zoo.memory.default_budget()
-    configs = [c for c in zoo.memory.CONFIGS if c.endswith("+fused") or not recipe.fused]
+    configs = [c for c in zoo.memory.CONFIGS if (c.endswith("+fused") or not recipe.fused)
+               and not (c.endswith("+fused") and recipe.lora_rank)]
     config, estimate = zoo.memory.choose(
         recipe.spec, recipe.batch_size, recipe.sequence_length, budget, precision=recipe.precision,
         task=recipe.task, optimizer=recipe.optimizer, configs=configs, accumulation_steps=recipe.accumulation_steps,
         weights_dtype=recipe.weights_dtype,
         loss_chunk=recipe.loss_chunk if recipe.task == "causal_lm" else None,
+        lora_rank=recipe.lora_rank, lora_targets=recipe.targets, quantize=recipe.quantize,
     )
     policy, _, fused = config.partition("+")
     print(f"checkpointing='auto': {config} (estimated {estimate.total / zoo.memory.GiB:.2f} GiB of a "
@@ -230,7 +237,7 @@ def _chiefs_tokenizer(recipe, out_dir):
 
 def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_dir=None,
         validation_every=0, validation_batches=8, callbacks=(), verbose="auto", hf_out=None,
-        strategy=None, devices=None) -> Result:
+        strategy=None, devices=None, merge=False) -> Result:
     """Train `recipe` on `data` into `out_dir`, resuming what `out_dir` already holds.
 
     Args:
@@ -245,7 +252,10 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
             interval (at most `validation_batches` batches); 0 = no validation.
         callbacks: more Keras callbacks for `fit`.
         hf_out: also write the final model as a Hugging Face folder there (with the
-            tokenizer and, for a classifier, the label names as `id2label`).
+            tokenizer and, for a classifier, the label names as `id2label`); a LoRA
+            run writes a PEFT adapter folder (with the tokenizer).
+        merge: a LoRA run's `hf_out` holds the adapters merged into the float base
+            (full Hugging Face weights) instead.
         strategy: None (one device), "mirrored" (the devices of this host, or `devices`)
             or "multi-worker" (the hosts of TF_CONFIG); see recipes.distribute.
         devices: for "mirrored", device names such as ["GPU:0", "GPU:1"].
@@ -274,8 +284,15 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
                          "classification needs at least 2.")
     if labels is not None and recipe.weights:
         pretrained.check_labels(recipe.weights, labels)
+    if merge and not (recipe.lora_rank and hf_out):
+        raise ValueError("merge (--merge) writes a LoRA run's adapters merged into its base as --hf-out; it needs "
+                         "lora_rank (--lora-rank) and hf_out (--hf-out).")
     meta = {"model": recipe.name, "task": recipe.task, "spec": recipe.spec.to_dict(),
             "recipe": recipe.to_dict(), "labels": labels}
+    base = None
+    if recipe.lora_rank:  # what the adapters go on, fingerprinted: a run keeps only the adapters
+        base = base_record(recipe.weights, recipe.task, recipe.quantize, len(labels) if labels else None)
+        meta["base"] = base
     state.check_compatible(out_dir, meta)
 
     tokenizer = _prepare(recipe, out_dir, train_docs, meta) if cluster.chief else None
@@ -290,7 +307,7 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
         start = 0
         found = state.checkpoints(out_dir)
         if found:
-            start = state.restore(found[-1][1], model, model.optimizer)
+            start = state.restore(found[-1][1], model, model.optimizer, base)
             print(f"Resuming {recipe.name} from step {start} ({found[-1][1]}).")
 
     interval = math.gcd(min(recipe.log_every, recipe.steps), recipe.steps)
@@ -312,20 +329,32 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
         valid = cluster.distribute(valid.repeat())
     with cluster.writable(out_dir) as write_dir:  # out_dir on the chief, a scratch folder elsewhere
         final = _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps, interval, start,
-                       callbacks, verbose)
+                       callbacks, verbose, base)
     if hf_out and cluster.chief:
-        zoo.hub.save(model, hf_out, tokenizer=tokenizer, overwrite=True, labels=labels)
+        _write_hf(recipe, model, out_dir, hf_out, tokenizer, labels, merge)
     print(f"{recipe.name}: steps {start} -> {result.step}; {result.tokens_per_second:,.0f} tokens/s; "
           f"peak memory {result.peak_bytes / 2**20:,.0f} MiB (allocator), {result.max_rss_bytes / 2**20:,.0f} MiB RSS; "
           + (f"model saved to {final}" if cluster.chief else "a worker: the chief saves the model"))
     return result
 
 
+def _write_hf(recipe, model, out_dir, hf_out, tokenizer, labels, merge):
+    """The final model as a Hugging Face folder; a LoRA run's as a PEFT adapter folder, or merged
+    into its float base (never the quantized one: its merge would round once more)."""
+    if not recipe.lora_rank:
+        zoo.hub.save(model, hf_out, tokenizer=tokenizer, overwrite=True, labels=labels)
+    elif merge:
+        zoo.hub.save(load_lora_run(out_dir, merge=True), hf_out, tokenizer=tokenizer, overwrite=True, labels=labels)
+    else:
+        zoo.hub.save_adapter(model, hf_out, overwrite=True, tokenizer=tokenizer, base=recipe.weights)
+
+
 def _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps, interval, start, callbacks,
-           verbose):
-    """`fit` from `start` to the recipe's last step, then the final model.keras; returns its path."""
+           verbose, base=None):
+    """`fit` from `start` to the recipe's last step, then the final model.keras (a LoRA run: its
+    adapters and base.json); returns its path."""
     k = recipe.accumulation_steps
-    tracker = _Intervals(recipe, write_dir, interval, result)
+    tracker = _Intervals(recipe, write_dir, interval, result, base)
     device = _device()
     tf.config.experimental.reset_memory_stats(device)
     if start < recipe.steps:
@@ -345,6 +374,10 @@ def _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps,
             result.tokens_per_second = tracker.tokens_per_second()
     result.peak_bytes = tf.config.experimental.get_memory_info(device)["peak"]
     result.max_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if base is not None:  # Keras' save would write merged (or integer) kernels and no adapters
+        zoo.hub.save_adapter(model, os.path.join(write_dir, ADAPTER_DIR), overwrite=True, base=base["weights"])
+        write_json(os.path.join(write_dir, BASE_FILE), base)
+        return os.path.join(result.out_dir, ADAPTER_DIR)
     with atomic_path(os.path.join(write_dir, MODEL_FILE), overwrite=True) as tmp:
         model.save(tmp)
     return os.path.join(result.out_dir, MODEL_FILE)

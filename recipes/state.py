@@ -2,10 +2,12 @@
 
     out_dir/run.json                    model, spec, task, recipe, labels
     out_dir/checkpoints/step-000100/    model.safetensors  (every model variable,
-                                        dropout seed states included)
+                                        dropout seed states included; with LoRA only
+                                        the trainable ones and the seed states)
                                         optimizer.safetensors (moments, step counter,
                                         accumulators, loss scale)
-                                        state.json         (step, variable paths)
+                                        state.json         (step, variable paths; with
+                                        LoRA the base they go on, zoo.loading.base_record)
 
 Everything is written into a temporary sibling and renamed into place, so a run
 killed at any instant leaves either the old checkpoint or the new one, never half
@@ -20,7 +22,9 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from recipes.recipe import LEGACY_TASKS, Recipe
+from zoo import lora
 from zoo.files import atomic_path, write_json
+from zoo.loading import check_base
 from zoo.optimizers import Adafactor
 
 RUN_FILE = "run.json"
@@ -64,6 +68,8 @@ def check_compatible(out_dir, meta):
             f"(task {meta['task']!r}, {meta['spec']['num_layers']} layers x {meta['spec']['hidden_dim']}). "
             "Pass a new --out-dir to start a fresh run; nothing was changed."
         )
+    if old.get("base") and meta.get("base"):
+        check_base(old["base"], found=meta["base"])
     keys = set(old["recipe"]) | set(meta["recipe"])
     changed = sorted(k for k in keys if old["recipe"].get(k) != meta["recipe"].get(k))
     if "optimizer" in changed and old["recipe"]["optimizer"] == "keras-adafactor":
@@ -110,17 +116,27 @@ def _arrays(variables):
     return {f"{i:05d}": np.asarray(v.numpy()) for i, v in enumerate(variables)}
 
 
-def save(out_dir, step, model, optimizer, keep=2):
+def model_variables(model) -> list:
+    """What a checkpoint keeps of the model: every variable, or with LoRA only the trainable ones
+    (adapters, a new head) and the dropout seed states; the frozen base is the run's `base`.
+    Never Keras' save_weights: with LoRA it writes merged kernels and loads A = B = 0 (docs/lora.md)."""
+    if not lora.has_lora(model):
+        return model.variables
+    return [v for v in model.variables if v.trainable or v.path.endswith("seed_generator_state")]
+
+
+def save(out_dir, step, model, optimizer, keep=2, base=None):
     root = os.path.join(out_dir, CHECKPOINTS)
     final = os.path.join(root, f"step-{step:09d}")
     # The same step saved again (a resumed run) replaces the earlier copy only once the new one is whole.
     with atomic_path(final, overwrite=True) as tmp:
         tmp.mkdir(parents=True)
-        save_file(_arrays(model.variables), os.path.join(tmp, "model.safetensors"))
+        variables = model_variables(model)
+        save_file(_arrays(variables), os.path.join(tmp, "model.safetensors"))
         save_file(_arrays(optimizer.variables), os.path.join(tmp, "optimizer.safetensors"))
         write_json(os.path.join(tmp, "state.json"), {
-            "step": step, "model_variables": [v.path for v in model.variables],
-            "optimizer_variables": [v.path for v in optimizer.variables],
+            "step": step, "model_variables": [v.path for v in variables],
+            "optimizer_variables": [v.path for v in optimizer.variables], **({"base": base} if base else {}),
         })
     for _, old in checkpoints(out_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
@@ -148,11 +164,15 @@ def _check_optimizer(folder, names, optimizer):
                          "(zoo train --optimizer keras-adafactor).")
 
 
-def restore(folder, model, optimizer) -> int:
+def restore(folder, model, optimizer, base=None) -> int:
+    """Load a checkpoint into the built model and optimizer; with LoRA, `base` (the run's base
+    record) must be the one the checkpoint was trained on. Returns its step."""
     with open(os.path.join(folder, "state.json"), encoding="utf-8") as f:
         state = json.load(f)
+    if state.get("base") and base:
+        check_base(state["base"], found=base)
     _check_optimizer(folder, state["optimizer_variables"], optimizer)
-    _assign(model.variables, load_file(os.path.join(folder, "model.safetensors")),
+    _assign(model_variables(model), load_file(os.path.join(folder, "model.safetensors")),
             state["model_variables"], "model", folder)
     _assign(optimizer.variables, load_file(os.path.join(folder, "optimizer.safetensors")),
             state["optimizer_variables"], "optimizer", folder)

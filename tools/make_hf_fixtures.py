@@ -18,6 +18,7 @@ last hidden states on them, and (Llama) the rotary inverse frequencies it uses.
     /tmp/hfvenv/bin/python tools/make_hf_fixtures.py check /tmp/zoo-saved
 """
 
+import contextlib
 import json
 import logging
 import sys
@@ -151,24 +152,38 @@ def resave(out):
         print("saved", Path(out) / name)
 
 
+@contextlib.contextmanager
+def transformers_warnings():
+    """Yield a list that receives every warning transformers logs, or Python raises, inside the block
+    (deprecation notices aside: transformers 5.24 raises some from inside PEFT that say nothing of a file)."""
+    import transformers
+
+    transformers.logging.set_verbosity_warning()
+    found = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            found.append(record.getMessage())
+
+    handler = Collect(logging.WARNING)
+    transformers.logging.get_logger().addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield found
+    finally:
+        transformers.logging.get_logger().removeHandler(handler)
+    found += [str(w.message) for w in caught if not issubclass(w.category, (FutureWarning, DeprecationWarning))]
+
+
 def check(out):
     """transformers side: load what zoo saved, with no warning and no missing or unexpected tensor,
     and reproduce the fixture's expected.npz. Prints a table and one JSON line."""
     import transformers
 
-    transformers.logging.set_verbosity_warning()
-    records = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    transformers.logging.get_logger().addHandler(Collect(logging.WARNING))
     rows = {}
     for name, (cls_name, _, _, _) in FIXTURES.items():
-        records.clear()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with transformers_warnings() as found:
             model, info = getattr(transformers, cls_name).from_pretrained(
                 Path(out) / name, output_loading_info=True, attn_implementation="eager")
         model.eval()
@@ -177,7 +192,7 @@ def check(out):
         got = outputs(model, x)
         real = x["attention_mask"].astype(bool)
         rows[name] = {
-            "warnings": records[:] + [str(w.message) for w in caught],
+            "warnings": found,
             "loading_info": {k: sorted(map(str, v)) for k, v in info.items() if v},
             "max_abs_logits": float(np.abs(got["logits"] - expected["logits"])[real].max()),
         }
@@ -189,11 +204,16 @@ def check(out):
     sys.exit(0 if ok else 1)
 
 
-if __name__ == "__main__":
+def main(make, resave, check, doc):
+    """`make` (default), `resave OUT` or `check OUT`, from the command line."""
     command = sys.argv[1] if len(sys.argv) > 1 else "make"
     if command == "make":
         make()
     elif command in ("resave", "check") and len(sys.argv) == 3:
         (resave if command == "resave" else check)(sys.argv[2])
     else:
-        sys.exit(__doc__)
+        sys.exit(doc)
+
+
+if __name__ == "__main__":
+    main(make, resave, check, __doc__)

@@ -76,3 +76,37 @@ def weights(weights_dtype: str = "float32", precision=None, rounding=None, accum
             "nearest. Use accumulation_steps=1 (--accumulation-steps 1) with a larger batch (the fused update frees "
             "memory for it), or train float32 weights.")
     return "bfloat16", rounding or "stochastic"
+
+
+QUANTIZATION_MODES = ("int8", "int4")  # a frozen base through Keras' Model.quantize (zoo.lora.quantize_base)
+
+
+def lora(rank, alpha=None, quantize=None, fused=False):
+    """Refuse LoRA settings no entry point can train: rank and alpha must be positive, a quantized
+    base is frozen, so it trains only with LoRA adapters on top (`rank` None: no LoRA), and the
+    fused update has nothing to save with LoRA."""
+    if quantize is not None and quantize not in QUANTIZATION_MODES:
+        raise ValueError(f"Unknown quantization {quantize!r}; known: {', '.join(QUANTIZATION_MODES)}.")
+    if rank is None:
+        if quantize is not None:
+            raise ValueError(f"quantize={quantize!r} trains nothing without LoRA: the quantized base is frozen "
+                             "(Keras' integer kernels take no gradient). Add LoRA adapters (lora_rank, --lora-rank "
+                             "16), or drop quantize (--quantize) to fine-tune the float weights.")
+        if alpha is not None:
+            raise ValueError("lora_alpha applies to LoRA only; set lora_rank (--lora-rank) too, or drop lora_alpha.")
+        return
+    positive("lora_rank", rank)
+    if fused:
+        lora_fused()
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0):
+        raise ValueError(f"lora_alpha must be a positive number (the update is scaled by alpha / rank); got {alpha!r}.")
+
+
+def lora_fused():
+    """The fused update keeps the whole model's gradients from existing at once; LoRA's are the
+    adapters' (dec-1b r16 on every projection: 48 MiB), so it would save at most that, and its exact
+    global clip costs a second backward pass."""
+    raise ValueError("The fused update is not combined with LoRA: it exists so that the whole model's gradients "
+                     "never exist at once, and with LoRA only the adapters' (a few MiB) do; it would save at most "
+                     "those, and its global clip adds a second backward pass. Train LoRA without it (drop fused / "
+                     "--fused, model.set_fused_update(False)).")

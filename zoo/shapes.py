@@ -12,37 +12,71 @@ import math
 TASKS = {"bert": ("backbone", "masked_lm", "classifier"), "llama": ("backbone", "causal_lm")}
 
 
-def block_shapes(spec) -> list:
-    """One transformer block's variables, in the model's order."""
+# PEFT's default LoRA targets per family (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING), by the
+# last part of the Hugging Face module names `block_projections` gives.
+LORA_DEFAULT_TARGETS = {"llama": ("q_proj", "v_proj"), "bert": ("query", "value")}
+
+
+def block_projections(spec) -> list:
+    """One block's projections (what LoRA adapts and quantization stores as integers), in the
+    model's order: (the last part of the Hugging Face module name, (in, out))."""
     h, f = spec.hidden_dim, spec.intermediate_dim
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    if spec.family == "bert":  # q, k, v, o with biases, two LayerNorms, up and down with biases
-        return [(h, q), (q,), (h, kv), (kv,), (h, kv), (kv,), (q, h), (h,), (h, f), (f,), (f, h), (h,),
-                (h,), (h,), (h,), (h,)]
-    return [(h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h), (h,), (h,)]  # SwiGLU, two RMSNorms
+    if spec.family == "bert":
+        return [("query", (h, q)), ("key", (h, kv)), ("value", (h, kv)), ("dense", (q, h)), ("dense", (h, f)),
+                ("dense", (f, h))]
+    return [("q_proj", (h, q)), ("k_proj", (h, kv)), ("v_proj", (h, kv)), ("o_proj", (q, h)), ("up_proj", (h, f)),
+            ("gate_proj", (h, f)), ("down_proj", (f, h))]
 
 
-def variable_shapes(spec, task=None, num_classes: int = 2) -> list:
-    """The shapes of `zoo.get(spec, task=task).trainable_variables`, in order.
+def block_variables(spec) -> list:
+    """One transformer block's variables in the model's order, as (tag, shape): a kernel's tag is
+    its projection's name (`block_projections`), a bias's or a norm's is None."""
+    h = spec.hidden_dim
+    kernels = block_projections(spec)
+    if spec.family == "bert":  # each projection with its bias, then two LayerNorms
+        return [v for name, shape in kernels for v in ((name, shape), (None, shape[1:]))] + [(None, (h,))] * 4
+    return kernels + [(None, (h,))] * 2  # SwiGLU, two RMSNorms
+
+
+def block_shapes(spec) -> list:
+    """One transformer block's variables, in the model's order."""
+    return [shape for _, shape in block_variables(spec)]
+
+
+def variables(spec, task=None, num_classes: int = 2) -> list:
+    """`zoo.get(spec, task=task).trainable_variables` as (tag, shape), in order. Tags say what
+    Keras' quantization and LoRA see: a projection's name for a Dense kernel ("q_proj", "dense":
+    BERT's pooler and masked-LM transform too), "embedding" (the token and segment embeddings),
+    "lm_head" (an untied head: the reverse embedding), "classifier" (a new head) and None
+    (biases, norms, position embeddings: float).
 
     Example:
-    >>> variable_shapes(zoo.spec("enc-base"))[:2]
-    [(30522, 768), (512, 768)]
+    >>> variables(zoo.spec("enc-base"))[:2]
+    [('embedding', (30522, 768)), (None, (512, 768))]
     """
     task = task or spec.default_task
     if task not in TASKS[spec.family]:
         raise ValueError(f"Unknown task {task!r} for family {spec.family!r}; known: {', '.join(TASKS[spec.family])}.")
     h, v = spec.hidden_dim, spec.vocab_size
-    blocks = block_shapes(spec) * spec.num_layers
+    blocks = block_variables(spec) * spec.num_layers
     if spec.family == "bert":
-        embeddings = [(v, h), (spec.max_sequence_length, h), (spec.num_segments, h), (h,), (h,)]
-        pooler = [(h, h), (h,)]
+        embeddings = [("embedding", (v, h)), (None, (spec.max_sequence_length, h)),
+                      ("embedding", (spec.num_segments, h)), (None, (h,)), (None, (h,))]
+        pooler = [("dense", (h, h)), (None, (h,))]
         # the masked-LM head: output bias, transform dense, LayerNorm (its decoder is the token embedding)
-        head = {"backbone": pooler, "classifier": pooler + [(h, num_classes), (num_classes,)],
-                "masked_lm": [(v,), (h, h), (h,), (h,), (h,)]}[task]
+        head = {"backbone": pooler, "classifier": pooler + [("classifier", (h, num_classes)),
+                                                            ("classifier", (num_classes,))],
+                "masked_lm": [(None, (v,)), ("dense", (h, h)), (None, (h,)), (None, (h,)), (None, (h,))]}[task]
         return embeddings + blocks + head
-    embeddings = [(v, h)] if spec.tie_embeddings else [(v, h), (h, v)]  # an untied head is the reverse kernel
-    return embeddings + blocks + [(h,)]  # + the final norm
+    # an untied head is the token embedding's reverse kernel
+    embeddings = [("embedding", (v, h))] + ([] if spec.tie_embeddings else [("lm_head", (h, v))])
+    return embeddings + blocks + [(None, (h,))]  # + the final norm
+
+
+def variable_shapes(spec, task=None, num_classes: int = 2) -> list:
+    """The shapes of `zoo.get(spec, task=task).trainable_variables`, in order (`variables`)."""
+    return [shape for _, shape in variables(spec, task, num_classes)]
 
 
 def count(shapes) -> int:

@@ -7,7 +7,7 @@ from zoo.loading import load
 
 
 def _export(args):
-    model = load(args.model, task=args.task)
+    model = load(args.model, task=args.task, merge=True)  # a LoRA run: its adapters merged into the float base
     stem = Path(args.model.rstrip("/")).stem
     if args.format == "saved_model":
         if args.quantize:
@@ -29,7 +29,8 @@ def _export(args):
 
 def register(subparsers):
     p = subparsers.add_parser("export", help="write a SavedModel (TF Serving) or a .tflite file (devices)")
-    p.add_argument("model", help="a registered name, a .keras file, a training run folder or a Hugging Face folder")
+    p.add_argument("model", help="a registered name, a .keras file, a training run folder (a LoRA run's adapters are "
+                   "merged into its base) or a Hugging Face folder")
     p.add_argument("--format", required=True, choices=export.FORMATS)
     p.add_argument("--quantize", choices=export.QUANTIZATIONS, default=None, help="tflite only")
     p.add_argument("--output", "-o", default=None, help="default: MODEL_saved_model/ or MODEL.tflite")

@@ -8,20 +8,26 @@ from zoo.memory import CONFIGS, OPTIMIZERS, GiB, choose, default_budget, estimat
 # (`MemoryEstimate.total`): fused, the walk over the blocks holds one block's update temporaries and the
 # embedding's and head's update comes at the end.
 COLUMNS = ("weights", "grads", "optimizer", "activ.", "logits", "extra", "head grad", "update", "recompute",
-           "total")
-FORMULA = ("total = weights + optimizer + max(activ. + extra + logits + head grad, grads + update + recompute); "
-           "fused: max(the same start, activ. + extra + grads + a block's update, grads + update)")
+           "transient", "total")
+FORMULA = ("total = weights + optimizer + max(activ. + extra + logits + head grad, grads + update + recompute) "
+           "(+ transient in both with LoRA); fused: max(the same start, activ. + extra + grads + a block's update, "
+           "grads + update)")
 
 
 def _plan(args):
     budget = parse_bytes(args.budget) if args.budget else default_budget()
-    configs = [args.checkpointing] if args.checkpointing else list(CONFIGS)
+    lora = args.lora_rank is not None
+    configs = [args.checkpointing] if args.checkpointing else [c for c in CONFIGS if not (lora and "fused" in c)]
+    targets = args.lora_targets if args.lora_targets in (None, "all-linear") else args.lora_targets.split(",")
     options = {"precision": args.precision, "task": args.task, "optimizer": args.optimizer,
-               "weights_dtype": args.weights_dtype}
+               "weights_dtype": args.weights_dtype, "lora_rank": args.lora_rank, "lora_targets": targets,
+               "quantize": args.quantize}
     policy, rounding = checks.weights(args.weights_dtype, args.precision)
     weights = f", {args.weights_dtype} weights ({rounding} rounding)" if rounding else ""
+    adapted = (f"; LoRA r{args.lora_rank} on {args.lora_targets or 'the default targets'}"
+               + (f", {args.quantize} base" if args.quantize else "")) if lora else ""
     print(f"{args.model}: batch {args.batch_size} x sequence {args.sequence_length}, {policy}{weights}, "
-          f"{args.optimizer}; budget {budget / GiB:.2f} GiB")
+          f"{args.optimizer}{adapted}; budget {budget / GiB:.2f} GiB")
     print(f"{'config':11s} " + " ".join(f"{c:>9s}" for c in COLUMNS) + f" {'max batch':>9s}")
     for config in configs:
         e = estimate(args.model, args.batch_size, args.sequence_length, checkpointing=config, **options)
@@ -48,4 +54,8 @@ def register(subparsers):
     p.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     p.add_argument("--budget", default=None, help="e.g. 24GiB (default: the device's memory, or RAM on CPU)")
     p.add_argument("--checkpointing", default=None, help="one configuration only (none, selective, full, full+fused)")
+    p.add_argument("--lora-rank", type=int, default=None, help="LoRA adapters of this rank train, the rest is frozen")
+    p.add_argument("--lora-targets", default=None, help="comma-separated projections or all-linear (default: PEFT's)")
+    p.add_argument("--quantize", default=None, choices=checks.QUANTIZATION_MODES,
+                   help="with --lora-rank: the frozen base's storage (Keras' Model.quantize)")
     p.set_defaults(func=_plan)

@@ -6,7 +6,8 @@ zoo variables, tokenizer files <-> keras-hub tokenizers.
     zoo.hub.push(model, "me/my-model")
 
 One module per concern: `bert.py` and `llama.py` (one per family), `weights.py`
-(safetensors, streaming and shards), `tokenizers.py`, `gguf.py` (llama.cpp files).
+(safetensors, streaming and shards), `tokenizers.py`, `gguf.py` (llama.cpp files),
+`peft.py` (PEFT LoRA adapter folders).
 
 A family module exposes:
     FAMILY, MODEL_TYPE        the zoo family and Hugging Face `model_type`
@@ -18,7 +19,7 @@ A family module exposes:
     spec_from_config(config) -> ModelSpec
     config_from_spec(spec, task, num_classes=None) -> dict
     weight_map(model) -> list[weights.Entry]
-and is registered in `FAMILIES`; nothing else in the package names a family.
+and is registered in `FAMILIES` (`families.py`); nothing else in the package names a family.
 """
 
 from __future__ import annotations
@@ -30,21 +31,19 @@ from pathlib import Path
 
 from zoo import registry
 from zoo.files import atomic_path
-from zoo.hub import bert, llama, weights
+from zoo.hub import weights
+from zoo.hub.families import FAMILIES
+from zoo.hub.families import family_of as _family_of
 from zoo.hub.gguf import convert_gguf
+from zoo.hub.peft import check_plain, load_adapter, read_config, save_adapter
 from zoo.hub.tokenizers import load_tokenizer, read_json, save_tokenizer
 from zoo.hub.weights import INDEX, WEIGHTS, Entry
 from zoo.models import build
 from zoo.registry import ModelSpec
 
-FAMILIES = {module.FAMILY: module for module in (bert, llama)}
 # Hugging Face architecture -> (zoo family, zoo task).
 ARCHITECTURES = {arch: (name, task) for name, module in FAMILIES.items() for arch, task in module.ARCHITECTURES.items()}
 _ARCH_OF = {value: arch for arch, value in ARCHITECTURES.items()}
-
-
-def _family_of(model):
-    return FAMILIES[getattr(model, "backbone", model).spec.family]
 
 
 # --- config.json <-> ModelSpec ---------------------------------------------------------
@@ -215,10 +214,12 @@ def load_weights(model, folder, strict=True) -> list[str]:
     >>> load_weights(zoo.get("enc-mini", task="classifier"), "all-MiniLM-L6-v2")
     ['classifier.weight', 'classifier.bias']
     """
+    check_plain(model, "load Hugging Face weights into")
     return weights.load_into(model, folder, _family_of(model), strict)
 
 
-def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, tokenizer=True, **overrides):
+def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, tokenizer=True, adapter=None,
+         **overrides):
     """Build the zoo model a Hugging Face folder (or Hub repo id) describes and load its
     weights and tokenizer, so that published checkpoints train and serve in zoo.
 
@@ -231,6 +232,7 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
         dtype: a Keras dtype policy name (`zoo.PRECISIONS`).
         name: a registered name the checkpoint must match in shape ("enc-mini").
         tokenizer: attach the folder's tokenizer (if any) as `model.tokenizer`.
+        adapter: a PEFT LoRA adapter folder to load on top (`zoo.hub.peft.load_adapter`).
         **overrides: spec fields that do not change weight shapes (`dropout=0.0`),
             or `num_classes` for a classifier.
 
@@ -245,6 +247,8 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
     config = read_json(folder / "config.json")
     if not config:
         raise FileNotFoundError(f"{folder} has no config.json; it is not a Hugging Face model folder.")
+    if adapter is not None:
+        read_config(adapter)  # refuse an unreadable adapter before building the model
     spec, own_task, task_args = spec_from_config(config)
     if name is not None and not isinstance(name, ModelSpec):
         expected = registry.spec(name)
@@ -264,6 +268,8 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
     model = build(spec.replace(**overrides) if overrides else spec, task=task, checkpointing=checkpointing,
                   dtype=dtype, **task_args)
     load_weights(model, folder)
+    if adapter is not None:
+        load_adapter(model, adapter)
     if tokenizer:
         model.__dict__["tokenizer"] = load_tokenizer(folder)  # plain attribute: not a tracked sublayer
     return model
@@ -292,6 +298,7 @@ def save(model, folder, tokenizer=None, overwrite=False, max_shard_size=None, la
     >>> save(zoo.get("dec-base"), "out/", max_shard_size=2**30)
     PosixPath('out')
     """
+    check_plain(model, "save Hugging Face weights of")
     folder = Path(folder)
     with atomic_path(folder, overwrite) as tmp:
         tmp.mkdir()
@@ -340,6 +347,7 @@ def push(model, repo_id, tokenizer=None, private=None, token=None, commit_messag
 
 __all__ = [
     "ARCHITECTURES", "FAMILIES", "INDEX", "WEIGHTS", "Entry", "config_from_spec", "convert_gguf", "load",
-    "load_tokenizer", "load_weights", "match_registered", "local_folder", "push", "save", "save_tokenizer",
+    "load_adapter", "load_tokenizer", "load_weights", "match_registered", "local_folder", "push", "save",
+    "save_adapter", "save_tokenizer",
     "spec_from_config", "weight_map",
 ]

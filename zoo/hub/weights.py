@@ -28,17 +28,18 @@ class Entry:
     """One Hugging Face tensor and the zoo variable that holds it: `key` without the base-model prefix,
     `transpose` for a Dense kernel (Keras [in, out], Hugging Face [out, in]), and `group` ("backbone",
     "pooler", "mlm", "classifier", "lm_head"): a missing backbone tensor is an error, a missing head is
-    freshly initialised."""
+    freshly initialised. `module` is a projection's Keras `Dense` (what LoRA attaches to), else None."""
 
     key: str
     variable: object
     transpose: bool = False
     group: str = "backbone"
+    module: object = None
 
 
 def dense(prefix, layer, group="backbone") -> list[Entry]:
     """The entries of a Keras `Dense` stored as a Hugging Face `Linear` (weight transposed, then bias)."""
-    entries = [Entry(f"{prefix}.weight", layer.kernel, True, group)]
+    entries = [Entry(f"{prefix}.weight", layer.kernel, True, group, module=layer)]
     if layer.use_bias:
         entries.append(Entry(f"{prefix}.bias", layer.bias, False, group))
     return entries
@@ -96,6 +97,21 @@ def weight_files(folder: Path) -> dict[str, Path]:
             "(or the Hub's 'convert to safetensors' space), then load the folder again."
         )
     raise FileNotFoundError(f"{folder} has no {WEIGHTS} or {INDEX}.")
+
+
+def fingerprint(folder) -> str:
+    """sha256 over a folder's config.json and weight files: what a LoRA run records of its frozen
+    base, so that adapters are never loaded onto other weights at the same path (1B: seconds)."""
+    import hashlib
+
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    for path in [folder / "config.json", *sorted(set(weight_files(folder).values()))]:
+        digest.update(path.name.encode())
+        with open(path, "rb") as f:
+            while chunk := f.read(2**24):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def load_into(model, folder, family, strict=True) -> list[str]:

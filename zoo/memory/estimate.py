@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from zoo import checks, registry
 from zoo.memory import optimizer_state
 from zoo.memory.budget import default_budget
+from zoo.memory.lora import plan as lora_plan
 from zoo.ops import lm_loss
 from zoo.ops.attention_core import DEFAULT_CHUNK, check_core
 from zoo.ops.recompute import policy_name
@@ -43,6 +44,10 @@ class MemoryEstimate:
         end of the backward pass, while every other gradient exists (its activations, saved
         extras and the attention core's tiles); 0 under the other policies.
     fused: the update runs inside the backward pass (so its phases overlap).
+    transient: with LoRA, the kernel-sized tensor the largest LoRA or quantized matmul makes on
+        the fly (zoo.memory.lora), in both phases. With LoRA, weights are the frozen base as stored
+        plus the adapters and a new head, and gradients, optimizer state and the update count
+        those trainable variables only.
 
     `total` is the peak of a step's two phases, on top of weights and optimizer state:
     the start of the backward pass (activations + saved_extra + logits + head_gradient)
@@ -65,14 +70,15 @@ class MemoryEstimate:
     recompute: int = 0
     fused: bool = False
     block_update: int = 0
+    transient: int = 0
 
     @property
     def backward_peak(self) -> int:
-        return self.activations + self.saved_extra + self.logits + self.head_gradient
+        return self.activations + self.saved_extra + self.logits + self.head_gradient + self.transient
 
     @property
     def update_peak(self) -> int:
-        return self.gradients + self.update + self.recompute
+        return self.gradients + self.update + self.recompute + self.transient
 
     @property
     def walk_peak(self) -> int:
@@ -167,6 +173,7 @@ def _ahead_bytes(params, vbytes, optimizer, fused, rounding=None) -> int:
     update for its own gradient: none ahead."""
     return 2 * params * vbytes if optimizer.lower() == "lion" and not fused and not rounding else 0
 
+
 def split_config(checkpointing, fused=False, accumulation_steps: int = 1) -> tuple:
     """(policy, fused) from a checkpointing policy or a `CONFIGS` name ("full+fused")."""
     if isinstance(checkpointing, str) and checkpointing.endswith("+fused"):
@@ -180,7 +187,8 @@ def split_config(checkpointing, fused=False, accumulation_steps: int = 1) -> tup
 def estimate(spec, batch_size: int, sequence_length: int, precision: str | None = None,
              checkpointing="none", task=None, optimizer: str = "adamw", attention: str = "chunked",
              chunk_size: int | None = None, fused: bool = False, loss_chunk: int | None = None,
-             accumulation_steps: int = 1, weights_dtype: str = "float32") -> MemoryEstimate:
+             accumulation_steps: int = 1, weights_dtype: str = "float32", lora_rank: int | None = None,
+             lora_targets=None, quantize: str | None = None) -> MemoryEstimate:
     """Bytes one training step holds at its peak, by component: what the TF allocator's
     peak shows for a process that builds the model and the optimizer and trains.
 
@@ -203,6 +211,10 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
             accumulator per variable.
         weights_dtype: "float32", or "bfloat16" (no float32 copy; zoo.optimizers' stochastic
             rounding: weights, gradients and full-size slots 2 bytes, the update in float32).
+        lora_rank: LoRA adapters of this rank train, the rest is frozen (zoo.lora); None: all train.
+        lora_targets: the adapted projections, as zoo.lora.enable_lora takes them (by the last
+            part of their names here); None: PEFT's default.
+        quantize: "int8" or "int4": the frozen base as Keras' Model.quantize stores it.
 
     Returns:
         A `MemoryEstimate` (bytes per component and `.total`).
@@ -218,6 +230,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
     precision, rounding = checks.weights(weights_dtype, precision, accumulation_steps=accumulation_steps)
     optimizer_state.check_weights(optimizer, weights_dtype)
     policy, fused = split_config(checkpointing, fused, accumulation_steps)
+    checks.lora(lora_rank, None, quantize, fused)
     shapes = variable_shapes(s, task)
     params = count(shapes)
     vbytes = _variable_bytes(precision)
@@ -257,19 +270,40 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
         gradients = (block_params + params - layers * block_params) * vbytes
     else:
         gradients = params * vbytes
-    return MemoryEstimate(
-        weights=params * vbytes,
-        gradients=gradients,
+    trained = dict(
+        weights=params * vbytes, gradients=gradients,
         optimizer=optimizer_state_bytes(optimizer, shapes, vbytes, accumulation_steps)
         + _ahead_bytes(params, vbytes, optimizer, fused, rounding),
+        head_gradient=max(count([shape]) for shape in shapes) * vbytes,
+        update=_update_bytes(shapes, vbytes, optimizer, fused, rounding),
+        block_update=_update_bytes(block, vbytes, optimizer, fused, rounding) if fused else 0,
+    )
+    if lora_rank is not None:
+        trained = _lora(s, task, lora_rank, lora_targets, quantize, precision, optimizer, accumulation_steps)
+    return MemoryEstimate(
         activations=int(activations),
         logits=int(logits),
         saved_extra=int(_saved_extra(s, b, seq, precision, policy)),
-        head_gradient=max(count([shape]) for shape in shapes) * vbytes,
-        update=_update_bytes(shapes, vbytes, optimizer, fused, rounding),
         recompute=int(per_layer_full + _saved_extra(s, b, seq, precision, "full") + working) if policy == "full" else 0,
         fused=fused,
-        block_update=_update_bytes(block, vbytes, optimizer, fused, rounding) if fused else 0,
+        **trained,
+    )
+
+
+def _lora(spec, task, rank, targets, quantize, precision, optimizer, accumulation_steps) -> dict:
+    """The components LoRA changes: the frozen base as stored, and everything per trainable variable
+    for the float32 adapters and a new head only (zoo.memory.lora)."""
+    vbytes = _variable_bytes(precision)
+    lo = lora_plan(spec, task, rank, targets, quantize, precision)
+    sizes = [count([shape]) * 4 for shape in lo.adapter_shapes] + [count([shape]) * vbytes for shape in lo.head_shapes]
+    params = count(lo.adapter_shapes) + count(lo.head_shapes)
+    return dict(
+        weights=lo.frozen + sum(sizes), gradients=sum(sizes),
+        optimizer=optimizer_state_bytes(optimizer, lo.adapter_shapes, 4, accumulation_steps)
+        + optimizer_state_bytes(optimizer, lo.head_shapes, vbytes, accumulation_steps)
+        + _ahead_bytes(params, 4, optimizer, False),
+        head_gradient=max(sizes), update=_update_bytes(lo.adapter_shapes + lo.head_shapes, 4, optimizer),
+        transient=lo.transient,
     )
 
 

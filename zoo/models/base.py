@@ -12,6 +12,7 @@ import numpy as np
 from zoo import checks
 from zoo.layers.block import TransformerBlock
 from zoo.ops.recompute import policy_name
+from zoo.ops.scratch_graphs import release_scratch_graphs
 from zoo.registry import ModelSpec
 from zoo.training import fused, step
 
@@ -57,6 +58,7 @@ class ZooModel(keras.Model):
     def _init_functional(self, spec, inputs, outputs, dtype, **kwargs):
         """keras.Model.__init__ of the functional graph the subclass built, and the spec as its config."""
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        release_scratch_graphs()  # else the model's variables are never freed (zoo/ops/scratch_graphs.py)
         # Functional models drop `dtype`; compile() reads it to add loss scaling for float16.
         self.dtype_policy = keras.dtype_policies.get(dtype)
         self.spec = spec

@@ -8,6 +8,7 @@ layers, training steps and the planner can all build on them.
   activations      a GELU that keeps less for the backward pass
   ordering         making TF's executor wait (`after`) and zeros Grappler cannot fold
   rounding         stochastic rounding of float32 into bfloat16 (bfloat16 weights)
+  scratch_graphs   freeing what Keras' output-shape tracing holds (every build calls it)
 """
 
 from zoo.ops.attention_core import attention, chunked_attention, plain_attention

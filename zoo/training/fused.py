@@ -24,7 +24,9 @@ def check_clip(clip) -> str:
 
 
 def check_fusable(model):
-    """The model side of the rules (zoo.checks.fused): a task model, `full` checkpointing."""
+    """The model side of the rules (zoo.checks.fused): a task model, `full` checkpointing, no LoRA."""
+    if any(getattr(layer, "lora_enabled", False) for layer in model._flatten_layers()):
+        checks.lora_fused()
     if model.task in (None, "backbone"):
         raise ValueError(f"The fused update trains a task model; {type(model).__name__} has no loss. "
                          "Build the model with a task (task='causal_lm', 'masked_lm' or 'classifier').")
