@@ -1,4 +1,4 @@
-"""Sliding-window attention in both cores (zoo.layers.attention_core, `window=`).
+"""Sliding-window attention in both cores (zoo.ops.attention_core, `window=`).
 
 The rule is transformers 5.24's (masking_utils): a causal query at position i sees the keys
 j with i - w < j <= i (`sliding_window_overlay`: kv_idx > q_idx - sliding_window), and
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from zoo.layers import attention_core
-from zoo.layers.attention_core import chunked_attention, key_chunk_range, plain_attention, tile_count
+from zoo.ops import attention_core
+from zoo.ops.attention_core import chunked_attention, key_chunk_range, plain_attention, tile_count
 
 B, S, H, KV, D = 2, 14, 4, 2, 8  # grouped-query heads; 14 positions in chunks of 4 leave a partial last chunk
 CHUNK = 4
