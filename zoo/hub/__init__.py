@@ -5,8 +5,9 @@ zoo variables, tokenizer files <-> keras-hub tokenizers.
     zoo.hub.save(model, "out/")   # what transformers' from_pretrained reads
     zoo.hub.push(model, "me/my-model")
 
-One module per concern: `bert.py` and `llama.py` (one per family), `weights.py`
-(safetensors, streaming and shards), `tokenizers.py`, `gguf.py` (llama.cpp files).
+One module per concern: `bert.py`, `llama.py`, `qwen.py` (Qwen2 and Qwen3), `gemma3.py`
+and `modernbert.py` (one per family), `config.py` (config keys several families share),
+`weights.py` (safetensors, streaming and shards), `tokenizers.py`, `gguf.py` (llama.cpp files).
 
 A family module exposes:
     FAMILY, MODEL_TYPE        the zoo family and Hugging Face `model_type`
@@ -30,14 +31,14 @@ from pathlib import Path
 
 from zoo import registry
 from zoo.files import atomic_path
-from zoo.hub import bert, llama, weights
+from zoo.hub import bert, gemma3, llama, modernbert, qwen, weights
 from zoo.hub.gguf import convert_gguf
 from zoo.hub.tokenizers import load_tokenizer, read_json, save_tokenizer
 from zoo.hub.weights import INDEX, WEIGHTS, Entry
 from zoo.models import build
 from zoo.registry import ModelSpec
 
-FAMILIES = {module.FAMILY: module for module in (bert, llama)}
+FAMILIES = {module.FAMILY: module for module in (bert, llama, qwen.QWEN2, qwen.QWEN3, gemma3, modernbert)}
 # Hugging Face architecture -> (zoo family, zoo task).
 ARCHITECTURES = {arch: (name, task) for name, module in FAMILIES.items() for arch, task in module.ARCHITECTURES.items()}
 _ARCH_OF = {value: arch for arch, value in ARCHITECTURES.items()}

@@ -1,4 +1,5 @@
-"""The attention core, softmax(QKᵀ/√d + mask) -> dropout -> ·V, in two implementations.
+"""The attention core, softmax(QKᵀ·scale + mask) -> dropout -> ·V, in two implementations
+(scale 1/√d unless given: Gemma 3 scales by query_pre_attn_scalar^-½).
 
 `chunked_attention` (the default) never holds an s×s matrix. It walks query
 chunks and, within each, key chunks with an online softmax (running max and
@@ -159,7 +160,7 @@ def _position_rule(query_positions, key_positions, causal, window):
 
 
 def plain_attention(query, key, value, key_mask=None, causal=False, query_offset=0, rate=0.0, seed=None,
-                    chunk_size=None, window=None):
+                    chunk_size=None, window=None, scale=None):
     """The reference core: scores, softmax and dropout mask held whole."""
     check_window(window)
     query, key, value = (tf.convert_to_tensor(x) for x in (query, key, value))
@@ -168,7 +169,7 @@ def plain_attention(query, key, value, key_mask=None, causal=False, query_offset
         key = tf.repeat(key, num_heads // kv_heads, axis=2)
         value = tf.repeat(value, num_heads // kv_heads, axis=2)
     query_length, key_length = _length(query, 1), _length(key, 1)
-    scale = 1.0 / float(query.shape[-1]) ** 0.5
+    scale = _scale(scale, query.shape[-1])
     scores = tf.cast(tf.einsum("bshd,bthd->bhst", query * tf.cast(scale, query.dtype), key), tf.float32)
     allowed = _allowed(key_mask, causal, query_offset + tf.range(query_length), tf.range(key_length), window)
     if allowed is not None:
@@ -182,6 +183,11 @@ def plain_attention(query, key, value, key_mask=None, causal=False, query_offset
         has_key = tf.transpose(tf.reduce_any(allowed, axis=-1), [0, 2, 1])[..., None]  # [B or 1, S, 1, 1]
         out = tf.where(has_key, out, tf.zeros([], out.dtype))
     return out
+
+
+def _scale(scale, head_dim) -> float:
+    """The scores' factor: `scale`, or 1/√head_dim."""
+    return float(scale) if scale is not None else 1.0 / float(head_dim) ** 0.5
 
 
 def _whole_keep(seed, batch, heads, query_length, key_length, rate, chunk_size):
@@ -199,7 +205,7 @@ class _Tiles:
     """Queries and keys cut into chunks ([chunk index, B, chunk, ...]) and each tile's
     scores, mask and dropout: what the forward and backward passes share."""
 
-    def __init__(self, query, key, value, key_mask, causal, query_offset, rate, seed, chunk_size, window):
+    def __init__(self, query, key, value, key_mask, causal, query_offset, rate, seed, chunk_size, window, scale):
         self.dtype = value.dtype
         self.batch, self.static_batch = tf.shape(query)[0], query.shape[0]
         self.heads, self.kv_heads, self.head_dim = query.shape[2], key.shape[2], query.shape[3]
@@ -208,7 +214,7 @@ class _Tiles:
         self.cq, self.ck, self.nq, self.nk = chunk_sizes(self.query_length, self.key_length, chunk_size)
         self.causal, self.query_offset, self.rate, self.seed = causal, query_offset, rate, seed
         self.window = window
-        self.scale = 1.0 / float(self.head_dim) ** 0.5
+        self.scale = _scale(scale, self.head_dim)
         grouped = tf.reshape(query, tf.stack([self.batch, self.query_length, self.kv_heads, self.group,
                                               self.head_dim]))
         self.q = self.chunks(grouped, self.cq, self.nq)  # [nq, B, cq, KV, G, D]
@@ -358,11 +364,11 @@ def _backward(t: _Tiles, out, lse, d_out):
 
 
 def chunked_attention(query, key, value, key_mask=None, causal=False, query_offset=0, rate=0.0, seed=None,
-                      chunk_size=None, window=None):
+                      chunk_size=None, window=None, scale=None):
     """The memory-efficient core: O(s·chunk) working memory; saves Q, K, V, output and lse."""
     check_window(window)
     query, key, value = (tf.convert_to_tensor(x) for x in (query, key, value))
-    options = (key_mask, causal, query_offset, rate, seed, chunk_size, window)
+    options = (key_mask, causal, query_offset, rate, seed, chunk_size, window, scale)
 
     @tf.custom_gradient
     def core(q, k, v):
