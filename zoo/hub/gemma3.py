@@ -61,10 +61,15 @@ def config_from_spec(spec: ModelSpec, task: str, num_classes: int | None = None)
         **decoder_config(spec, MODEL_TYPE), "hidden_activation": "gelu_pytorch_tanh",
         "rope_parameters": rope_parameters(spec), "layer_types": layer_types(spec),
         "sliding_window": spec.sliding_window,
-        "query_pre_attn_scalar": spec.query_pre_attn_scalar or spec.head_dim, "attention_bias": False,
+        "query_pre_attn_scalar": _number(spec.query_pre_attn_scalar or spec.head_dim), "attention_bias": False,
         "final_logit_softcapping": None, "attn_logit_softcapping": None, "use_bidirectional_attention": False,
         "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1,
     }
+
+
+def _number(value):
+    """An integral float as an int: transformers' strict config refuses 256.0 for query_pre_attn_scalar: int."""
+    return int(value) if float(value).is_integer() else value
 
 
 def weight_map(model):
