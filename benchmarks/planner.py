@@ -60,7 +60,8 @@ def measure(model, batch, seq, precision, config, steps, optimizer, loss_chunk=N
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--models", default="enc-mini,enc-base,enc-large,enc-1b,dec-base,dec-large,dec-1b")
+    p.add_argument("--models", default="enc-mini,enc-base,enc-large,enc-1b,dec-base,dec-large,dec-1b,"
+                   "qwen2.5-0.5b,qwen3-0.6b,gemma3-1b,modernbert-base,modernbert-large")
     p.add_argument("--shapes", default=None, help="BATCHxSEQ,... (default: 2x256, 1x128 for the 1B models)")
     p.add_argument("--precisions", default="float32,mixed_bfloat16")
     p.add_argument("--configs", default="none,selective,full,full+fused", help="some of none,selective,full,full+fused")
