@@ -248,3 +248,14 @@ def test_shapes_follow_the_family_fields():
     m = zoo.spec("modernbert-base")
     assert shapes.count(shapes.block_shapes(m)) - shapes.count(shapes.block_shapes(m, first=True)) == m.hidden_dim
     assert h == 1024
+
+
+def test_gemma_sentencepiece_tokenizer_is_refused_not_misread(tmp_path):
+    """Gemma's tokenizer.json is a BPE with byte fallback over '▁' pieces: read as byte-level BPE it would
+    give other ids, so it is refused by name."""
+    from zoo.hub.tokenizers import load_tokenizer
+
+    model = {"type": "BPE", "byte_fallback": True, "vocab": {"▁a": 0, "<0x41>": 1}, "merges": []}
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": model, "added_tokens": []}))
+    with pytest.raises(ValueError, match="SentencePiece-style BPE"):
+        load_tokenizer(tmp_path)
