@@ -5,14 +5,13 @@ cached = uncached generation past the window; bit-exact round trips; the spec fi
 refusal of a config the zoo cannot honour."""
 
 import json
-import shutil
 
 import numpy as np
 import pytest
 
 import zoo
 from tests.common import REPO
-from tests.zoo.test_hub import assert_same_weights, fixture_inputs, inputs, randomise
+from tests.zoo.test_hub import assert_same_weights, fixture_inputs, inputs, legacy_copy, randomise
 from zoo import hub, registry, shapes
 from zoo.generation import generate
 
@@ -180,15 +179,6 @@ def test_modernbert_spec_refusals():
         zoo.spec("enc-base").replace(first_attention_norm=False)
 
 
-def edited(tmp_path, name, edit):
-    folder = tmp_path / name
-    shutil.copytree(FIXTURES / name, folder)
-    config = json.loads((folder / "config.json").read_text())
-    edit(config)
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
-
-
 def _set(**values):
     return lambda config: config.update(values)
 
@@ -218,7 +208,7 @@ def _rope(kind, **values):
 ])
 def test_configs_the_zoo_cannot_honour_are_refused_by_name(tmp_path, name, edit, message):
     with pytest.raises(ValueError, match=message):
-        hub.load(edited(tmp_path, name, edit))
+        hub.load(legacy_copy(tmp_path, name, edit))
 
 
 def test_an_unsupported_architecture_names_itself_and_the_supported_ones(tmp_path):
