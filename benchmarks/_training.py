@@ -41,8 +41,8 @@ def make_optimizer(name="adam", clip=1.0, rounding=None):
 
 
 def pretraining_task(model) -> str:
-    """What the benchmarks train a model for: masked LM (BERT) or causal LM (Llama)."""
-    return "masked_lm" if zoo.spec(model).family == "bert" else "causal_lm"
+    """What the benchmarks train a model for: masked LM (encoders) or causal LM (decoders)."""
+    return "causal_lm" if zoo.spec(model).is_decoder else "masked_lm"
 
 
 def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=None, optimizer="adam", fused=False,
@@ -80,8 +80,9 @@ def synthetic_batch(model, batch, seq):
     spec, rng = zoo.spec(model), np.random.default_rng(0)
     x = {"token_ids": rng.integers(0, spec.vocab_size, (batch, seq), dtype="int32"),
          "padding_mask": np.ones((batch, seq), "int32")}
-    if spec.family == "bert":
-        x["segment_ids"] = np.zeros((batch, seq), "int32")
+    if not spec.is_decoder:
+        if spec.positions == "learned":  # BERT's token types; ModernBERT has none
+            x["segment_ids"] = np.zeros((batch, seq), "int32")
         x["mask_positions"] = np.sort(rng.choice(seq, (batch, int(seq * 0.15)))).astype("int32")
         return x, np.take_along_axis(x["token_ids"], x["mask_positions"], axis=1)
     return x, np.roll(x["token_ids"], -1, axis=1)

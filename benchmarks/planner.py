@@ -1,7 +1,7 @@
 """Does the planner predict what is measured? `zoo.memory.estimate` against TensorFlow's
 allocator peak, one fresh process per row.
 
-    python benchmarks/planner.py                                   # every size, both families (1B rows need ~21 GiB)
+    python benchmarks/planner.py                                   # every registered size (1B rows need ~21 GiB)
     python benchmarks/planner.py --models enc-base,dec-base --shapes 2x256 --precisions float32
     python benchmarks/planner.py --models enc-base --optimizer lion --precisions mixed_bfloat16
     python benchmarks/planner.py --lora                           # LoRA rows (docs/memory.md: LoRA)
@@ -37,7 +37,8 @@ import _harness
 from _harness import GiB
 
 TOLERANCE = 0.10
-MODELS = "enc-mini,enc-base,enc-large,enc-1b,dec-base,dec-large,dec-1b"
+MODELS = ("enc-mini,enc-base,enc-large,enc-1b,dec-base,dec-large,dec-1b,"
+          "qwen2.5-0.5b,qwen3-0.6b,gemma3-1b,modernbert-base,modernbert-large")
 # What a child's RSS holds beyond the allocator's peak (TensorFlow's libraries, Python, the pool's
 # freed chunks): ~1 GiB for enc-mini; dec-1b at 1 x 128 (allocator peak 16.9 GiB predicted) passed
 # 19.8 GiB of RSS before its first step ended.

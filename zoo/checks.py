@@ -1,6 +1,8 @@
 """Configuration rules that every entry point shares: the model, the recipe, the planner and
 the CLI call these, so a rule and its message live in one place. Pure Python."""
 
+from zoo.shapes import LORA_DEFAULT_TARGETS
+
 
 def positive(name: str, value):
     """`value`, refused unless it is a positive whole number (a batch, a length, a rank, a budget)."""
@@ -110,3 +112,22 @@ def lora_fused():
                      "never exist at once, and with LoRA only the adapters' (a few MiB) do; it would save at most "
                      "those, and its global clip adds a second backward pass. Train LoRA without it (drop fused / "
                      "--fused, model.set_fused_update(False)).")
+
+
+# Why LoRA is refused on a family that is not in LORA_DEFAULT_TARGETS.
+LORA_UNSUPPORTED = {
+    "modernbert": "Hugging Face's ModernBERT fuses the query, key and value projections into one Wqkv and gate and "
+                  "up into one Wi; PEFT adapts each fused Linear with one A·B pair, which Keras' LoRA on zoo's "
+                  "separate kernels cannot hold or write back (and adapting only the Wo projections would be half "
+                  "of it)",
+}
+
+
+def lora_family(family: str):
+    """Refuse LoRA on a family whose Hugging Face projections zoo cannot adapt one for one (PEFT's
+    names and shapes), rather than adapting part of them."""
+    if family not in LORA_DEFAULT_TARGETS:
+        reason = LORA_UNSUPPORTED.get(family, "zoo has no LoRA targets for it")
+        raise ValueError(f"LoRA is not supported on the {family} family: {reason}. LoRA works on the "
+                         f"{', '.join(LORA_DEFAULT_TARGETS)} families; fine-tune a {family} model in full (no "
+                         "lora_rank / --lora-rank).")

@@ -104,29 +104,31 @@ def _exported_length(model, sequence_length):
 def text_packer(model, tokenizer, sequence_length):
     """strings [B] -> the model's input dict, with keras-hub's packers.
 
-    BERT family: [CLS] text [SEP], padded with [PAD], segment 0 (as BertTextClassifierPreprocessor).
-    Llama family: the tokenizer's start token if it has one, padded on the right.
+    Encoders: [CLS] text [SEP], padded with [PAD], segment 0 where the model takes segments (BERT, as
+    BertTextClassifierPreprocessor; ModernBERT takes none).
+    Decoders: the tokenizer's start token if it has one, padded on the right.
     """
     from keras_hub.layers import MultiSegmentPacker, StartEndPacker
 
     if model.task == "masked_lm":
         raise ValueError("A masked-LM model also takes mask_positions, which text alone does not give; "
                          "export its backbone (model.backbone) or a classifier for a text signature.")
-    if model.spec.family == "bert":
+    if not model.spec.is_decoder:
         ids = {}
         for token in ("[CLS]", "[SEP]", "[PAD]"):
             try:
                 ids[token] = int(tokenizer.token_to_id(token))
             except (KeyError, ValueError, tf.errors.InvalidArgumentError):
-                raise ValueError(f"The tokenizer's vocabulary has no {token} token, which BERT inputs need.") from None
+                raise ValueError(f"The tokenizer's vocabulary has no {token} token, which encoder inputs need."
+                                 ) from None
         packer = MultiSegmentPacker(
             sequence_length, start_value=ids["[CLS]"], end_value=ids["[SEP]"], pad_value=ids["[PAD]"]
         )
 
         def pack(text):
             token_ids, segment_ids = packer(tokenizer(text))
-            return {"token_ids": token_ids, "segment_ids": segment_ids,
-                    "padding_mask": ops.cast(token_ids != ids["[PAD]"], "int32")}
+            packed = {"token_ids": token_ids, "padding_mask": ops.cast(token_ids != ids["[PAD]"], "int32")}
+            return {**packed, "segment_ids": segment_ids} if "segment_ids" in model.input else packed
     else:
         pad = getattr(tokenizer, "pad_token_id", None) or 0
         packer = StartEndPacker(

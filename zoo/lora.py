@@ -52,6 +52,7 @@ def projections(model) -> dict:
     from zoo.hub.families import family_of
     from zoo.hub.weights import hf_name
 
+    checks.lora_family(_family(model))
     family = family_of(model)
     return {hf_name(e, family, model.task)[: -len(".weight")]: e.module
             for e in family.weight_map(model) if e.module is not None and e.group not in HEAD_GROUPS}
@@ -103,7 +104,9 @@ def _known(names) -> str:
 
 def check_targets(spec, task, targets):
     """Refuse, before anything is built, a list of targets whose last parts name no projection of
-    `spec`'s model (the full names are checked again when the adapters are added)."""
+    `spec`'s model (the full names are checked again when the adapters are added), and a family
+    LoRA does not support."""
+    checks.lora_family(spec.family)
     if targets is None or isinstance(targets, str):
         return
     names = list(dict.fromkeys(tag for tag, shape in variables(spec, task) if len(shape) == 2 and tag not in
@@ -134,7 +137,8 @@ def enable_lora(model, rank=16, alpha=32, targets=None, dropout=0.0) -> list:
 
     Raises:
         ValueError: rank <= 0, alpha <= 0, dropout != 0, an unknown target (the known ones are
-            listed), or a model that already has LoRA.
+            listed), a model that already has LoRA, or a family LoRA does not support
+            (`zoo.checks.lora_family`: ModernBERT's fused projections).
 
     Example:
     >>> enable_lora(zoo.get("dec-base", num_layers=2), rank=8, alpha=16)

@@ -13,10 +13,36 @@ from dataclasses import dataclass
 
 from zoo import shapes
 
-FAMILIES = ("bert", "llama")
+FAMILIES = ("bert", "llama", "qwen2", "qwen3", "gemma3", "modernbert")
+DECODERS = ("llama", "qwen2", "qwen3", "gemma3")  # causal language models; the others are encoders
+ACTIVATIONS = ("gelu", "gelu_tanh", "silu")  # gelu is the exact (erf) one; gelu_tanh transformers' gelu_pytorch_tanh
+NORMS = ("layer", "rms")
+PLACEMENTS = ("post", "pre", "sandwich")
+POSITIONS = ("learned", "rope")
+LAYER_KINDS = ("global", "local")
+POOLINGS = ("pooler", "cls", "mean")
+# What the families differ in, as data: the value of each field below when a spec leaves it None
+# (docs/families.md says where each comes from in transformers' code).
+_LLAMA = dict(activation="silu", gated_ffn=True, qkv_bias=False, dense_bias=False, norm="rms", norm_bias=False,
+              norm_offset=0.0, norm_placement="pre", first_attention_norm=True, embedding_norm=False, qk_norm=False,
+              scale_embeddings=False, positions="rope", classifier_pooling=None)
+FAMILY_DEFAULTS = {
+    "bert": dict(_LLAMA, activation="gelu", gated_ffn=False, qkv_bias=True, dense_bias=True, norm="layer",
+                 norm_bias=True, norm_placement="post", embedding_norm=True, positions="learned",
+                 classifier_pooling="pooler"),
+    "llama": _LLAMA,
+    "qwen2": dict(_LLAMA, qkv_bias=True),
+    "qwen3": dict(_LLAMA, qk_norm=True),
+    "gemma3": dict(_LLAMA, activation="gelu_tanh", norm_offset=1.0, norm_placement="sandwich", qk_norm=True,
+                   scale_embeddings=True),
+    "modernbert": dict(_LLAMA, activation="gelu", norm="layer", first_attention_norm=False, embedding_norm=True,
+                       classifier_pooling="cls"),
+}
 # The fields that fix the weights' shapes (dropout, epsilon and the like do not).
 SHAPE_FIELDS = ("family", "vocab_size", "num_layers", "hidden_dim", "num_heads", "num_kv_heads", "head_dim",
-                "intermediate_dim", "max_sequence_length", "tie_embeddings")
+                "intermediate_dim", "max_sequence_length", "tie_embeddings", "gated_ffn", "qkv_bias", "dense_bias",
+                "norm", "norm_bias", "norm_placement", "first_attention_norm", "embedding_norm", "qk_norm",
+                "positions", "classifier_pooling")
 # Keras dtype policies a model can be built with; "mixed_*" keep float32 weights.
 PRECISIONS = ("float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16")
 
@@ -25,10 +51,11 @@ PRECISIONS = ("float32", "bfloat16", "float16", "mixed_bfloat16", "mixed_float16
 class ModelSpec:
     """The shape and numerics of one Transformer.
 
-    `family="bert"`: post-LN encoder, learned positions, token types, GELU, biases
-    (Hugging Face `BertModel` layout). `family="llama"`: pre-RMSNorm causal decoder,
-    rotary positions, SwiGLU, grouped-query attention, no biases
-    (Hugging Face `LlamaForCausalLM` layout).
+    `family` names the layout of Hugging Face's class of that name (`BertModel`,
+    `LlamaForCausalLM`, `Qwen2/Qwen3ForCausalLM`, `Gemma3ForCausalLM`, `ModernBertModel`)
+    and gives the defaults of the fields that say what the families differ in
+    (FAMILY_DEFAULTS; docs/families.md): a field left None takes its family's value on
+    construction, so a spec names only its sizes and a shrunk copy keeps the behaviour.
     """
 
     family: str
@@ -50,10 +77,34 @@ class ModelSpec:
     rope_scaling: tuple | None = None
     tie_embeddings: bool = True
     description: str = ""
+    # What the families differ in (None: FAMILY_DEFAULTS[family], resolved on construction).
+    activation: str | None = None  # of the feed-forward network (ACTIVATIONS)
+    gated_ffn: bool | None = None  # down(act(gate(x)) * up(x)) instead of down(act(up(x)))
+    qkv_bias: bool | None = None  # a bias on the query, key and value projections
+    dense_bias: bool | None = None  # a bias on every other dense (attention output, FFN, MLM-head transform)
+    norm: str | None = None  # "layer" (LayerNorm) or "rms" (RMSNorm)
+    norm_bias: bool | None = None  # LayerNorm's beta
+    norm_offset: float | None = None  # RMSNorm scales by (norm_offset + w), in float32 (Gemma: 1)
+    norm_placement: str | None = None  # "post" (BERT), "pre", "sandwich" (a norm before and after attention and FFN)
+    first_attention_norm: bool | None = None  # False: block 0 has no attention norm (ModernBERT)
+    embedding_norm: bool | None = None  # a norm after the embeddings
+    qk_norm: bool | None = None  # a per-head norm on the queries and keys, before the rotary positions
+    scale_embeddings: bool | None = None  # token embeddings x sqrt(hidden_dim), the factor in the compute dtype
+    positions: str | None = None  # "learned" (BERT's position and token-type embeddings) or "rope"
+    classifier_pooling: str | None = None  # "pooler" (BERT: tanh dense on [CLS]), "cls" or "mean" (+ a head)
+    query_pre_attn_scalar: float | None = None  # scores x scalar^-1/2 (Gemma 3); None: head_dim
+    # Attention per layer: a pattern of "global"/"local" repeated over the layers, so that a shrunk
+    # copy keeps the family's rhythm. Local layers see key j from query i iff |i - j| < sliding_window.
+    layer_kinds: tuple = ("global",)
+    sliding_window: int | None = None
+    local_rope_theta: float | None = None  # the local layers' RoPE theta; None: rope_theta
 
     def __post_init__(self):
         if self.family not in FAMILIES:
             raise ValueError(f"Unknown family {self.family!r}; known families: {', '.join(FAMILIES)}.")
+        for field, value in FAMILY_DEFAULTS[self.family].items():
+            if getattr(self, field) is None:
+                object.__setattr__(self, field, value)
         for field in ("vocab_size", "num_layers", "hidden_dim", "num_heads", "intermediate_dim", "max_sequence_length"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{field} must be positive, got {getattr(self, field)}.")
@@ -76,11 +127,71 @@ class ModelSpec:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
         if self.rope_scaling is not None:
             object.__setattr__(self, "rope_scaling", _rope_scaling(self.rope_scaling, self.family))
+        self._check_variant()
+
+    def _check_variant(self):
+        """The family fields' values and the combinations the layers compute; each message names the fix."""
+        for field, known in (("activation", ACTIVATIONS), ("norm", NORMS), ("norm_placement", PLACEMENTS),
+                             ("positions", POSITIONS)):
+            if getattr(self, field) not in known:
+                raise ValueError(f"Unknown {field} {getattr(self, field)!r}; known: {', '.join(known)}.")
+        object.__setattr__(self, "layer_kinds", tuple(self.layer_kinds))  # a list from to_dict's JSON
+        bad = [k for k in self.layer_kinds if k not in LAYER_KINDS]
+        if not self.layer_kinds or bad:
+            raise ValueError(f"layer_kinds must be a non-empty pattern of {', '.join(LAYER_KINDS)}; got "
+                             f"{list(self.layer_kinds)}.")
+        local = "local" in self.layer_kinds
+        if local and (isinstance(self.sliding_window, bool) or not isinstance(self.sliding_window, int)
+                      or self.sliding_window <= 0):
+            raise ValueError(f"layer_kinds has local layers, which need a positive sliding_window (keys with "
+                             f"|i - j| < sliding_window are seen); got {self.sliding_window!r}.")
+        for field in ("sliding_window", "local_rope_theta"):
+            if not local and getattr(self, field) is not None:
+                raise ValueError(f"{field}={getattr(self, field)} applies to local layers, and layer_kinds "
+                                 f"{list(self.layer_kinds)} has none: add 'local' to layer_kinds or drop {field}.")
+        if self.norm_offset not in (0.0, 1.0) or (self.norm != "rms" and self.norm_offset):
+            raise ValueError(f"norm_offset={self.norm_offset}: an RMSNorm (norm='rms') scales by w (0) or by "
+                             "(1 + w) (1, Gemma); a LayerNorm takes 0.")
+        if self.norm == "rms" and self.norm_bias:
+            raise ValueError("norm_bias=True needs norm='layer': an RMSNorm has no bias.")
+        if self.is_decoder and (self.positions != "rope" or self.norm_placement == "post"
+                                or self.classifier_pooling is not None):
+            raise ValueError(f"A {self.family} decoder takes rotary positions, pre- or sandwich norms and no "
+                             f"classifier; got positions={self.positions!r}, norm_placement="
+                             f"{self.norm_placement!r}, classifier_pooling={self.classifier_pooling!r}.")
+        if not self.is_decoder and self.classifier_pooling not in POOLINGS:
+            raise ValueError(f"Unknown classifier_pooling {self.classifier_pooling!r}; known: {', '.join(POOLINGS)}.")
+        if self.classifier_pooling == "pooler" and self.positions != "learned":
+            raise ValueError("classifier_pooling='pooler' is BERT's (learned positions); use 'cls' or 'mean'.")
+        if not self.first_attention_norm and self.norm_placement == "post":
+            raise ValueError("first_attention_norm=False needs pre-norm blocks (norm_placement='pre').")
+        if self.query_pre_attn_scalar is not None:
+            if self.query_pre_attn_scalar <= 0:
+                raise ValueError(f"query_pre_attn_scalar must be positive, got {self.query_pre_attn_scalar}.")
+            object.__setattr__(self, "query_pre_attn_scalar", float(self.query_pre_attn_scalar))
 
     # Derived shapes -----------------------------------------------------------
     @property
     def is_decoder(self) -> bool:
-        return self.family == "llama"
+        return self.family in DECODERS
+
+    def layer_kind(self, i) -> str:
+        """"global" or "local": layer i's attention."""
+        return self.layer_kinds[i % len(self.layer_kinds)]
+
+    def layer_window(self, i) -> int | None:
+        """What layer i's attention core takes as `window` (None: global)."""
+        return self.sliding_window if self.layer_kind(i) == "local" else None
+
+    def layer_rope_theta(self, i) -> float:
+        if self.layer_kind(i) == "local" and self.local_rope_theta is not None:
+            return self.local_rope_theta
+        return self.rope_theta
+
+    @property
+    def attention_scale(self) -> float | None:
+        """The scores' factor when it is not 1/sqrt(head_dim) (None: that default)."""
+        return None if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar ** -0.5
 
     @property
     def default_task(self) -> str:
@@ -104,6 +215,10 @@ class ModelSpec:
             overrides["head_dim"] = None
         if "num_kv_heads" not in overrides and self.num_kv_heads == self.num_heads:
             overrides["num_kv_heads"] = None
+        if overrides.get("family", self.family) != self.family:  # the new family's values, unless overridden
+            for field, value in FAMILY_DEFAULTS[self.family].items():
+                if field not in overrides and getattr(self, field) == value:
+                    overrides[field] = None
         return dataclasses.replace(self, **overrides)
 
     def shape_differences(self, other: ModelSpec) -> list:
@@ -116,11 +231,17 @@ class ModelSpec:
         return [(f, getattr(self, f), getattr(other, f)) for f in SHAPE_FIELDS if getattr(self, f) != getattr(other, f)]
 
     def to_dict(self) -> dict:
+        """The fields as JSON types. Those at their family's or the field's default are left out, so that
+        a spec of an older family serialises as it always did (and reads back the same)."""
         out = dataclasses.asdict(self)
-        if self.rope_scaling is None:
-            del out["rope_scaling"]  # specs without it serialise as they always did
-        else:
+        defaults = {f.name: f.default for f in dataclasses.fields(self)} | FAMILY_DEFAULTS[self.family]
+        for field in ("rope_scaling", *_VARIANT_FIELDS):
+            if out[field] == defaults[field]:
+                del out[field]
+        if self.rope_scaling is not None:
             out["rope_scaling"] = dict(self.rope_scaling)
+        if "layer_kinds" in out:
+            out["layer_kinds"] = list(self.layer_kinds)
         return out
 
     def num_params(self, task: str | None = None, num_classes: int = 2) -> int:
@@ -128,6 +249,8 @@ class ModelSpec:
         return shapes.num_params(self, task, num_classes)
 
 
+_VARIANT_FIELDS = (*FAMILY_DEFAULTS["bert"], "query_pre_attn_scalar", "layer_kinds", "sliding_window",
+                   "local_rope_theta")
 LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -209,3 +332,31 @@ register("enc-1b", _bert(24, 1792, 14, 7168, "BERT shape scaled to ~1B (head 128
 register("dec-base", _llama(30, 576, 9, 3, 1536, 49152, 8192, 100000.0, True, "SmolLM2-135M shape"))
 register("dec-large", _llama(32, 960, 15, 5, 2560, 49152, 8192, 100000.0, True, "SmolLM2-360M shape"))
 register("dec-1b", _llama(22, 2048, 32, 4, 5632, 32000, 2048, 10000.0, False, "TinyLlama-1.1B shape"))
+# Real checkpoints' shapes, named as the checkpoint, lower case, without organisation or variant suffix
+# (docs/families.md): <family><version>-<size>. Counts equal transformers' (tools/hf_param_counts.py).
+register("qwen2.5-0.5b", ModelSpec(
+    family="qwen2", vocab_size=151936, num_layers=24, hidden_dim=896, num_heads=14, num_kv_heads=2,
+    intermediate_dim=4864, max_sequence_length=32768, layer_norm_epsilon=1e-6, rope_theta=1000000.0,
+    description="Qwen/Qwen2.5-0.5B shape"))
+register("qwen3-0.6b", ModelSpec(
+    family="qwen3", vocab_size=151936, num_layers=28, hidden_dim=1024, num_heads=16, num_kv_heads=8, head_dim=128,
+    intermediate_dim=3072, max_sequence_length=40960, layer_norm_epsilon=1e-6, rope_theta=1000000.0,
+    description="Qwen/Qwen3-0.6B shape"))
+register("gemma3-1b", ModelSpec(
+    family="gemma3", vocab_size=262144, num_layers=26, hidden_dim=1152, num_heads=4, num_kv_heads=1, head_dim=256,
+    intermediate_dim=6912, max_sequence_length=32768, layer_norm_epsilon=1e-6, rope_theta=1000000.0,
+    local_rope_theta=10000.0, layer_kinds=("local",) * 5 + ("global",), sliding_window=512,
+    query_pre_attn_scalar=256, description="google/gemma-3-1b-pt shape"))
+
+
+def _modernbert(num_layers, hidden, heads, ffn, description):
+    # local_attention 128 in the checkpoints' config: |i - j| <= 64, the zoo's window 65
+    return ModelSpec(
+        family="modernbert", vocab_size=50368, num_layers=num_layers, hidden_dim=hidden, num_heads=heads,
+        intermediate_dim=ffn, max_sequence_length=8192, layer_norm_epsilon=1e-5, rope_theta=160000.0,
+        local_rope_theta=10000.0, layer_kinds=("global", "local", "local"), sliding_window=65,
+        classifier_pooling="mean", description=description)
+
+
+register("modernbert-base", _modernbert(22, 768, 12, 1152, "answerdotai/ModernBERT-base shape"))
+register("modernbert-large", _modernbert(28, 1024, 16, 2624, "answerdotai/ModernBERT-large shape"))

@@ -2,76 +2,114 @@
 
 The one place outside the layers that writes the architecture's shapes: `ModelSpec.num_params`
 and the memory planner derive from it, and a test checks it against the built layers of every
-registered model's shape (tests/zoo/test_registry.py). The Hugging Face weight maps read their
-shapes off the built variables. Pure Python, so a spec can be reasoned about without TensorFlow.
+registered model's shape (tests/zoo/test_registry.py). Every family's shapes follow from the
+spec's fields (biases, norms, gating, Q/K norms, positions, pooling); each variable keeps the
+role Keras' quantization and LoRA give it (a projection's Hugging Face module name), so that the
+LoRA planner reads the same list. The Hugging Face weight maps read their shapes off the built
+variables. Pure Python, so a spec can be reasoned about without TensorFlow.
 """
 
 import math
 
-# The tasks each family's models have (zoo.models.TASKS has their classes).
-TASKS = {"bert": ("backbone", "masked_lm", "classifier"), "llama": ("backbone", "causal_lm")}
+DECODER_TASKS = ("backbone", "causal_lm")
+ENCODER_TASKS = ("backbone", "masked_lm", "classifier")
+
+# The last part of each projection's Hugging Face module name, by family and role. ModernBERT's
+# checkpoints fuse query, key and value into one `Wqkv` and gate and up into one `Wi`, so the
+# zoo's separate kernels share those names (zoo.checks.lora_family refuses LoRA there).
+_LLAMA_NAMES = dict(query="q_proj", key="k_proj", value="v_proj", output="o_proj", up="up_proj", gate="gate_proj",
+                    down="down_proj")
+PROJECTION_NAMES = {
+    "bert": dict(query="query", key="key", value="value", output="dense", up="dense", down="dense"),
+    "llama": _LLAMA_NAMES, "qwen2": _LLAMA_NAMES, "qwen3": _LLAMA_NAMES, "gemma3": _LLAMA_NAMES,
+    "modernbert": dict(query="Wqkv", key="Wqkv", value="Wqkv", output="Wo", up="Wi", gate="Wi", down="Wo"),
+}
+
+# PEFT's default LoRA targets per family (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, peft 0.21.2,
+# under each family's model_type: gemma3_text for gemma3), by the last part of the names above. Its
+# keys are the families LoRA works on: PEFT has no default for ModernBERT, and zoo refuses LoRA there.
+LORA_DEFAULT_TARGETS = {"bert": ("query", "value"), "llama": ("q_proj", "v_proj"), "qwen2": ("q_proj", "v_proj"),
+                        "qwen3": ("q_proj", "v_proj"), "gemma3": ("q_proj", "v_proj")}
 
 
-# PEFT's default LoRA targets per family (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING), by the
-# last part of the Hugging Face module names `block_projections` gives.
-LORA_DEFAULT_TARGETS = {"llama": ("q_proj", "v_proj"), "bert": ("query", "value")}
+def tasks(spec) -> tuple:
+    """The tasks a spec's models have (zoo.models.TASKS has their classes)."""
+    return DECODER_TASKS if spec.is_decoder else ENCODER_TASKS
+
+
+def _dense(tag, n_in, n_out, bias) -> list:
+    return [(tag, (n_in, n_out))] + ([(None, (n_out,))] if bias else [])
+
+
+def _norm(spec, width) -> list:
+    return [(None, (width,))] * (2 if spec.norm == "layer" and spec.norm_bias else 1)
+
+
+def block_variables(spec, first=False) -> list:
+    """One transformer block's variables in the model's order, as (tag, shape): a kernel's tag is
+    its projection's name (`PROJECTION_NAMES`; a role the family's checkpoints lack, such as a
+    gated BERT's gate, by the role), a bias's or a norm's is None. `first`: block 0, which has no
+    attention norm when the spec says so."""
+    h, f, d = spec.hidden_dim, spec.intermediate_dim, spec.head_dim
+    q, kv = spec.num_heads * d, spec.num_kv_heads * d
+    names = PROJECTION_NAMES[spec.family]
+
+    def name(role):
+        return names.get(role, role)
+
+    attention = (_dense(name("query"), h, q, spec.qkv_bias) + _dense(name("key"), h, kv, spec.qkv_bias)
+                 + _dense(name("value"), h, kv, spec.qkv_bias))
+    attention += _norm(spec, d) * 2 if spec.qk_norm else []
+    attention += _dense(name("output"), q, h, spec.dense_bias)
+    ffn = _dense(name("up"), h, f, spec.dense_bias)
+    ffn += _dense(name("gate"), h, f, spec.dense_bias) if spec.gated_ffn else []
+    ffn += _dense(name("down"), f, h, spec.dense_bias)
+    norms = (4 if spec.norm_placement == "sandwich" else 2) - (first and not spec.first_attention_norm)
+    return attention + ffn + _norm(spec, h) * norms
+
+
+def block_shapes(spec, first=False) -> list:
+    """One transformer block's variables, in the model's order."""
+    return [shape for _, shape in block_variables(spec, first)]
 
 
 def block_projections(spec) -> list:
     """One block's projections (what LoRA adapts and quantization stores as integers), in the
     model's order: (the last part of the Hugging Face module name, (in, out))."""
-    h, f = spec.hidden_dim, spec.intermediate_dim
-    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    if spec.family == "bert":
-        return [("query", (h, q)), ("key", (h, kv)), ("value", (h, kv)), ("dense", (q, h)), ("dense", (h, f)),
-                ("dense", (f, h))]
-    return [("q_proj", (h, q)), ("k_proj", (h, kv)), ("v_proj", (h, kv)), ("o_proj", (q, h)), ("up_proj", (h, f)),
-            ("gate_proj", (h, f)), ("down_proj", (f, h))]
-
-
-def block_variables(spec) -> list:
-    """One transformer block's variables in the model's order, as (tag, shape): a kernel's tag is
-    its projection's name (`block_projections`), a bias's or a norm's is None."""
-    h = spec.hidden_dim
-    kernels = block_projections(spec)
-    if spec.family == "bert":  # each projection with its bias, then two LayerNorms
-        return [v for name, shape in kernels for v in ((name, shape), (None, shape[1:]))] + [(None, (h,))] * 4
-    return kernels + [(None, (h,))] * 2  # SwiGLU, two RMSNorms
-
-
-def block_shapes(spec) -> list:
-    """One transformer block's variables, in the model's order."""
-    return [shape for _, shape in block_variables(spec)]
+    return [(tag, shape) for tag, shape in block_variables(spec) if len(shape) == 2]
 
 
 def variables(spec, task=None, num_classes: int = 2) -> list:
     """`zoo.get(spec, task=task).trainable_variables` as (tag, shape), in order. Tags say what
-    Keras' quantization and LoRA see: a projection's name for a Dense kernel ("q_proj", "dense":
-    BERT's pooler and masked-LM transform too), "embedding" (the token and segment embeddings),
-    "lm_head" (an untied head: the reverse embedding), "classifier" (a new head) and None
-    (biases, norms, position embeddings: float).
+    Keras' quantization and LoRA see: a projection's name for a Dense kernel ("q_proj", "Wqkv",
+    "dense": BERT's pooler and the masked-LM / ModernBERT head transform too), "embedding" (the
+    token and segment embeddings), "lm_head" (an untied head: the reverse embedding),
+    "classifier" (a new head) and None (biases, norms, position embeddings: float).
 
     Example:
     >>> variables(zoo.spec("enc-base"))[:2]
     [('embedding', (30522, 768)), (None, (512, 768))]
     """
     task = task or spec.default_task
-    if task not in TASKS[spec.family]:
-        raise ValueError(f"Unknown task {task!r} for family {spec.family!r}; known: {', '.join(TASKS[spec.family])}.")
+    if task not in tasks(spec):
+        raise ValueError(f"Unknown task {task!r} for family {spec.family!r}; known: {', '.join(tasks(spec))}.")
     h, v = spec.hidden_dim, spec.vocab_size
-    blocks = block_variables(spec) * spec.num_layers
-    if spec.family == "bert":
-        embeddings = [("embedding", (v, h)), (None, (spec.max_sequence_length, h)),
-                      ("embedding", (spec.num_segments, h)), (None, (h,)), (None, (h,))]
-        pooler = [("dense", (h, h)), (None, (h,))]
-        # the masked-LM head: output bias, transform dense, LayerNorm (its decoder is the token embedding)
-        head = {"backbone": pooler, "classifier": pooler + [("classifier", (h, num_classes)),
-                                                            ("classifier", (num_classes,))],
-                "masked_lm": [(None, (v,)), ("dense", (h, h)), (None, (h,)), (None, (h,)), (None, (h,))]}[task]
-        return embeddings + blocks + head
-    # an untied head is the token embedding's reverse kernel
-    embeddings = [("embedding", (v, h))] + ([] if spec.tie_embeddings else [("lm_head", (h, v))])
-    return embeddings + blocks + [(None, (h,))]  # + the final norm
+    blocks = [var for i in range(spec.num_layers) for var in block_variables(spec, first=i == 0)]
+    final_norm = _norm(spec, h) if spec.norm_placement != "post" else []
+    if spec.is_decoder:  # an untied head is the token embedding's reverse kernel
+        embeddings = [("embedding", (v, h))] + ([] if spec.tie_embeddings else [("lm_head", (h, v))])
+        return embeddings + blocks + final_norm
+    embeddings = [("embedding", (v, h))]
+    if spec.positions == "learned":  # BERT: positions and token types
+        embeddings += [(None, (spec.max_sequence_length, h)), ("embedding", (spec.num_segments, h))]
+    embeddings += _norm(spec, h) if spec.embedding_norm else []
+    # The pooler (BERT), or the head transform that pooled and masked-LM outputs go through (dense, norm).
+    pooler = [("dense", (h, h)), (None, (h,))] if spec.classifier_pooling == "pooler" else []
+    transform = _dense("dense", h, h, spec.dense_bias) + _norm(spec, h)
+    head = {"backbone": pooler,
+            "classifier": (pooler or transform) + [("classifier", (h, num_classes)), ("classifier", (num_classes,))],
+            "masked_lm": [(None, (v,))] + transform}[task]  # output bias first; the decoder is the token embedding
+    return embeddings + blocks + final_norm + head
 
 
 def variable_shapes(spec, task=None, num_classes: int = 2) -> list:

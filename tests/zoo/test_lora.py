@@ -14,7 +14,8 @@ import tensorflow as tf
 
 import zoo
 from tests.common import TINY, TINY_DEC
-from zoo import lora
+from zoo import lora, memory, shapes
+from zoo.memory.lora import plan as lora_plan
 
 SHAPES = {"enc-mini": dict(TINY, dropout=0.1), "dec-base": dict(TINY_DEC, dropout=0.1)}
 TASKS = {"enc-mini": "classifier", "dec-base": "causal_lm"}
@@ -137,6 +138,32 @@ def test_targets_follow_peft_names_and_defaults():
         "model.layers.1.mlp.gate_proj", "model.layers.1.mlp.up_proj", "model.layers.1.mlp.down_proj"]
 
 
+@pytest.mark.parametrize("name, overrides", [("qwen2.5-0.5b", TINY_DEC), ("gemma3-1b", dict(TINY_DEC, head_dim=32))])
+def test_new_decoder_families_take_peft_defaults_and_the_planner_agrees(name, overrides):
+    """Qwen2 (Q/K/V biases) and Gemma 3 (Q/K norms, sandwich norms): PEFT's default targets (q_proj,
+    v_proj), the projections are the shapes module's, and the planner's adapters are the built ones."""
+    model = zoo.get(name, **overrides)
+    names = [n.rsplit(".", 1)[-1] for n in lora.projections(model)]
+    assert sorted(names) == sorted([tag for tag, _ in shapes.block_projections(model.spec)] * 2)
+    assert [n.rsplit(".", 1)[-1] for n in lora.enable_lora(model, rank=4)] == ["q_proj", "v_proj"] * 2
+    built = [tuple(v.shape) for layer in lora.adapters(model).values()
+             for v in (layer.lora_kernel_a, layer.lora_kernel_b)]
+    assert sorted(built) == sorted(lora_plan(model.spec, "causal_lm", 4).adapter_shapes)
+    assert {v.path.split("/")[-1] for v in model.trainable_variables} == {"lora_kernel_a", "lora_kernel_b"}
+
+
+def test_lora_on_modernbert_is_refused_naming_the_supported_families():
+    model = zoo.get("modernbert-base", task="classifier", **TINY)
+    message = r"LoRA is not supported on the modernbert family: .*Wqkv.*bert, llama, qwen2, qwen3, gemma3 families"
+    with pytest.raises(ValueError, match=message):
+        lora.enable_lora(model)
+    with pytest.raises(ValueError, match=message):
+        lora.check_targets(model.spec, "classifier", ["Wo"])
+    with pytest.raises(ValueError, match=message):
+        memory.estimate(model.spec, 2, 16, task="classifier", lora_rank=4)
+    assert not lora.has_lora(model)
+
+
 # --- training ---------------------------------------------------------------------------
 def test_fit_on_a_quantized_base_trains_only_the_adapters_and_a_new_classifier():
     """`full` checkpointing and mixed_bfloat16 on an int8 encoder. A decoder on an int4 base with the
@@ -205,7 +232,9 @@ def test_quantized_base_is_close_to_float_and_keeps_a_new_head_float(capsys):
             model = build(name, dropout=0.0)
             quantized = lora.quantize_base(model, mode)
             kinds = {type(layer).__name__ for layer in model._flatten_layers() if layer.path in quantized}
-            assert kinds == {"Dense", "ReversibleEmbedding"} | ({"Embedding"} if name == "enc-mini" else set())
+            # decoders: keras-hub's ReversibleEmbedding as zoo's ScaledEmbedding (Gemma's x sqrt(h); None here)
+            assert kinds == {"Dense"} | ({"Embedding", "ReversibleEmbedding"} if name == "enc-mini" else
+                                         {"ScaledEmbedding"})
             if name == "enc-mini":
                 assert model.classifier.quantization_mode is None  # the new head stays float and trainable
                 assert {v.path for v in model.trainable_variables} >= {"classifier/kernel", "classifier/bias"}
@@ -213,6 +242,22 @@ def test_quantized_base_is_close_to_float_and_keeps_a_new_head_float(capsys):
             with capsys.disabled():
                 print(f"\n{name} {mode}: max |logits - float| / max |float logits| = {error:.2e}")
             assert 0 < error <= BOUNDS[mode], (name, mode, error)
+
+
+def test_a_quantized_gemma3_keeps_its_embedding_scale(capsys):
+    """Keras calls a quantized layer's `quantized_call`, not its `call`: Gemma's x sqrt(hidden) token
+    embedding (zoo.layers.embedding.ScaledEmbedding) must scale there too. Measured: 1.8e-2 of the largest
+    logit with the scale, 0.23 without it (Keras' quantized_call alone)."""
+    keras.utils.set_random_seed(0)
+    model = zoo.get("gemma3-1b", **TINY_DEC, head_dim=32)
+    x = inputs(model)
+    reference = logits(model, x)
+    quantized = lora.quantize_base(model, "int8")
+    assert "ScaledEmbedding" in {type(layer).__name__ for layer in model._flatten_layers() if layer.path in quantized}
+    error = np.abs(logits(model, x) - reference).max() / np.abs(reference).max()
+    with capsys.disabled():
+        print(f"\ngemma3 int8: max |logits - float| / max |float logits| = {error:.2e}")
+    assert 0 < error <= 3e-2, error
 
 
 def test_deleted_and_quantized_models_free_their_float_kernels():

@@ -242,6 +242,29 @@ def test_chunked_loss_holds_one_chunk_of_logits():
         memory.estimate("enc-base", 2, 128, task="masked_lm", loss_chunk=256)
 
 
+def test_new_families_estimate_by_hand():
+    """Issue 23's fields each add what they keep per layer (16-bit bytes, float32 doubles them): Gemma 3's
+    sandwich norms two more h-wide inputs, its Q/K norms their (H + KV)·d inputs, its GeGLU the gated
+    third ffn-wide tensor; Qwen3's queries (H·d = 2048 > h = 1024) the extra width twice. Gemma's 262,144-entry
+    vocabulary is what the chunked loss is for: whole logits at 8 x 512 hold three float32 copies (12 GiB)."""
+    gemma = zoo.spec("gemma3-1b").replace(**SMALL, head_dim=16, num_kv_heads=1)
+    pre = gemma.replace(norm_placement="pre", qk_norm=False)
+    per_layer = {name: memory.estimate(spec, B, S, "mixed_bfloat16", "selective", attention="plain").activations
+                 // gemma.num_layers for name, spec in (("gemma", gemma), ("pre", pre))}
+    assert per_layer["pre"] == CORELESS_16 + SWIGLU_16
+    assert per_layer["gemma"] - per_layer["pre"] == S * B * (4 * 64 + 2 * (4 + 1) * 16)
+    qwen3 = zoo.spec("qwen3-0.6b")
+    extra = memory.estimate(qwen3, 1, 64, "mixed_bfloat16", "selective", attention="plain").activations
+    plain = memory.estimate(qwen3.replace(qk_norm=False, head_dim=64), 1, 64, "mixed_bfloat16", "selective",
+                            attention="plain").activations
+    assert extra - plain == 28 * 64 * (2 * (16 + 8) * 128 + 4 * (2048 - 1024))
+    whole = memory.estimate("gemma3-1b", 8, 512, "mixed_bfloat16", "full", loss_chunk=0)
+    assert whole.logits == 3 * 8 * 512 * 262144 * 4 == 12 * memory.GiB
+    assert memory.estimate("gemma3-1b", 8, 512, "mixed_bfloat16", "full").logits < whole.logits / 8
+    for name in ("qwen2.5-0.5b", "modernbert-base", "modernbert-large"):
+        assert memory.estimate(name, 2, 512, "mixed_bfloat16", "full+fused").total > 0
+
+
 def test_optimizer_states_order():
     e = {o: memory.estimate("enc-base", 2, 128, "float32", "full", optimizer=o, fused=True).optimizer
          for o in ("sgd", "adafactor", "lion", "keras-adafactor", "adamw")}

@@ -24,19 +24,41 @@ def test_num_params_within_two_percent_of_reference(name):
     assert abs(zoo.spec(name).num_params() / REFERENCE[name] - 1) <= 0.02
 
 
-@pytest.mark.parametrize("name", sorted(REFERENCE))
+@pytest.mark.parametrize("name", zoo.names())
 def test_shapes_equal_the_built_layers(name):
     """zoo.shapes (num_params and the planner read it) against the built variables, for every task of the
-    family: the registered shape's structure (tying, grouped-query heads), shrunk so the unit test stays
-    small (benchmarks/param_counts.py builds the full-size ones)."""
+    family: the registered shape's structure (tying, grouped-query heads, head_dim apart from hidden/heads,
+    local layers), shrunk so the unit test stays small (benchmarks/param_counts.py builds the full-size ones)."""
     s = zoo.spec(name)
     kv = {"num_kv_heads": 2} if s.num_kv_heads != s.num_heads else {}
-    for task in shapes.TASKS[s.family]:
+    kv |= {"head_dim": 32} if s.head_dim != s.hidden_dim // s.num_heads else {}
+    kv |= {"sliding_window": 4} if s.sliding_window else {}
+    for task in shapes.tasks(s):
         extra = {"num_classes": 3} if task == "classifier" else {}
         model = zoo.get(name, task=task, **TINY, **kv, **extra)
         assert shapes.variable_shapes(model.spec, task, **extra) == [tuple(v.shape) for v in model.trainable_variables]
         assert model.count_params() == model.spec.num_params(task, **extra)
-    assert set(shapes.TASKS[s.family]) == set(zoo_models.TASKS[s.family])
+        assert_tags_name_the_hub_modules(model, shapes.variables(model.spec, task, **extra))
+    assert set(shapes.tasks(s)) == set(zoo_models.TASKS[s.family])
+
+
+def assert_tags_name_the_hub_modules(model, tagged):
+    """Each variable's tag (what LoRA targets and the quantized-bytes planner read) is the last part of
+    the Hugging Face module that holds it in the family's weight map ("q_proj", ModernBERT's fused
+    "Wqkv"), and an untagged variable is no Dense kernel. (An untied backbone keeps its LM head's
+    reverse embedding, which Hugging Face's bare model, so the weight map, does not have.)"""
+    from zoo.hub.families import family_of
+
+    entries = {id(part): e for e in family_of(model).weight_map(model) for part in e.parts}
+    assert len(tagged) == len(model.trainable_variables)
+    for (tag, _), variable in zip(tagged, model.trainable_variables):
+        if id(variable) not in entries and tag == "lm_head" and model.task == "backbone":
+            continue
+        entry = entries[id(variable)]
+        if tag is None:
+            assert entry.module is None and not entry.transpose, (entry.key, variable.path)
+        elif tag != "embedding":
+            assert entry.key.rsplit(".", 2)[-2] == tag, (entry.key, tag, variable.path)
 
 
 def test_unknown_model_lists_known():
@@ -108,12 +130,12 @@ def test_config_round_trip_keeps_spec_and_policy():
     assert clone.count_params() == model.count_params()
 
 
-@pytest.mark.parametrize("name, task",
-                         [("enc-base", "masked_lm"), ("enc-base", "classifier"), ("dec-base", "causal_lm")])
+@pytest.mark.parametrize("name, task", [("enc-base", "masked_lm"), ("enc-base", "classifier"),
+                                        ("dec-base", "causal_lm"), ("gemma3-1b", "causal_lm")])
 def test_keras_format_round_trip_under_mixed_precision(name, task, tmp_path):
     import keras
 
-    tiny = TINY_DEC if name.startswith("dec") else TINY
+    tiny = TINY_DEC if name.startswith("dec") else dict(TINY, head_dim=16) if name.startswith("gemma") else TINY
     model = zoo.get(name, task=task, checkpointing="full", dtype="mixed_bfloat16", **tiny)
     x = {k: np.ones((2, 8), "int32") for k in model.input}
     path = tmp_path / "model.keras"

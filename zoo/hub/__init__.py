@@ -5,8 +5,9 @@ zoo variables, tokenizer files <-> keras-hub tokenizers.
     zoo.hub.save(model, "out/")   # what transformers' from_pretrained reads
     zoo.hub.push(model, "me/my-model")
 
-One module per concern: `bert.py` and `llama.py` (one per family), `weights.py`
-(safetensors, streaming and shards), `tokenizers.py`, `gguf.py` (llama.cpp files),
+One module per concern: `bert.py`, `llama.py`, `qwen.py` (Qwen2 and Qwen3), `gemma3.py`
+and `modernbert.py` (one per family), `config.py` (config keys several families share),
+`weights.py` (safetensors, streaming and shards), `tokenizers.py`, `gguf.py` (llama.cpp files),
 `peft.py` (PEFT LoRA adapter folders).
 
 A family module exposes:

@@ -7,6 +7,7 @@ family means adding a module with the same names (see `zoo/hub/__init__.py`).
 
 from __future__ import annotations
 
+from zoo.hub.config import decoder_config, decoder_sizes
 from zoo.hub.weights import Entry, dense, norm
 from zoo.registry import ModelSpec
 
@@ -99,18 +100,7 @@ def spec_from_config(config: dict) -> ModelSpec:
         if config.get(flag):
             raise ValueError(f"{flag}=True is not supported; zoo Llama projections have no biases.")
     theta, scaling = rope_from_config(config)
-    heads, hidden = config["num_attention_heads"], config["hidden_size"]
-    head_dim = config.get("head_dim")
-    return ModelSpec(
-        family="llama", vocab_size=config["vocab_size"], num_layers=config["num_hidden_layers"],
-        hidden_dim=hidden, num_heads=heads, num_kv_heads=config.get("num_key_value_heads") or heads,
-        head_dim=None if head_dim in (None, hidden // heads) else head_dim,
-        intermediate_dim=config["intermediate_size"],
-        max_sequence_length=config.get("max_position_embeddings", 2048),
-        dropout=config.get("attention_dropout", 0.0), layer_norm_epsilon=config.get("rms_norm_eps", 1e-6),
-        rope_theta=theta, rope_scaling=scaling,
-        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-    )
+    return ModelSpec(family="llama", rope_theta=theta, rope_scaling=scaling, **decoder_sizes(config))
 
 
 def config_from_spec(spec: ModelSpec, task: str, num_classes: int | None = None) -> dict:
@@ -138,21 +128,14 @@ def config_from_spec(spec: ModelSpec, task: str, num_classes: int | None = None)
     rope = {"rope_type": "default", "rope_theta": spec.rope_theta}
     if scaling:
         rope = {**scaling, "rope_theta": spec.rope_theta}
-    return {
-        "model_type": MODEL_TYPE, "vocab_size": spec.vocab_size, "num_hidden_layers": spec.num_layers,
-        "hidden_size": spec.hidden_dim, "num_attention_heads": spec.num_heads,
-        "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
-        "intermediate_size": spec.intermediate_dim, "max_position_embeddings": spec.max_sequence_length,
-        "rms_norm_eps": spec.layer_norm_epsilon, "rope_parameters": rope,
-        "rope_theta": spec.rope_theta, "rope_scaling": scaling,
-        "tie_word_embeddings": spec.tie_embeddings, "hidden_act": "silu", "attention_bias": False,
-        "mlp_bias": False, "attention_dropout": spec.dropout, "initializer_range": 0.02,
-    }
+    return {**decoder_config(spec, MODEL_TYPE), "rope_parameters": rope, "rope_theta": spec.rope_theta,
+            "rope_scaling": scaling, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
 
 
 def weight_map(model) -> list[Entry]:
-    """Every variable of a zoo Llama backbone or causal LM with its Hugging Face
-    tensor name (without the `model.` prefix), the one table load and save share.
+    """Every variable of a zoo decoder backbone or causal LM with its Hugging Face tensor name
+    (without the `model.` prefix), the one table load and save share: Llama's names, and those
+    of the relatives that add to them (Q/K/V biases, `q_norm`/`k_norm`, Gemma's sandwich norms).
 
     Args:
         model: a `DecoderBackbone` or `DecoderCausalLM`.
@@ -177,8 +160,15 @@ def weight_map(model) -> list[Entry]:
             *dense(f"{p}.mlp.up_proj", ffn.up),
             *dense(f"{p}.mlp.down_proj", ffn.down),
             *norm(f"{p}.input_layernorm", block.attention_norm),
-            *norm(f"{p}.post_attention_layernorm", block.ffn_norm),
         ]
+        if att.query_norm is not None:
+            entries += [*norm(f"{p}.self_attn.q_norm", att.query_norm), *norm(f"{p}.self_attn.k_norm", att.key_norm)]
+        if block.post_attention_norm is None:  # Llama's post_attention_layernorm is the norm before the MLP
+            entries += norm(f"{p}.post_attention_layernorm", block.ffn_norm)
+        else:  # Gemma's sandwich
+            entries += [*norm(f"{p}.post_attention_layernorm", block.post_attention_norm),
+                        *norm(f"{p}.pre_feedforward_layernorm", block.ffn_norm),
+                        *norm(f"{p}.post_feedforward_layernorm", block.post_ffn_norm)]
     entries += norm("norm", backbone.final_norm)
     if model is not backbone and not backbone.spec.tie_embeddings:
         # ReversibleEmbedding keeps the untied head as [hidden, vocab]; Hugging Face lm_head is [vocab, hidden].

@@ -126,7 +126,7 @@ def load_adapter(model, folder) -> list:
     from safetensors import safe_open
 
     from zoo.hub.families import family_of
-    from zoo.hub.weights import cast, hf_name, hf_shape, normalise
+    from zoo.hub.weights import hf_name, hf_shape, normalise
 
     folder = Path(folder)
     config = read_config(folder)
@@ -190,7 +190,7 @@ def load_adapter(model, folder) -> list:
         if tuple(array.shape) != hf_shape(entry):
             raise ValueError(f"Adapter tensor {key!r} has shape {array.shape}; this model's head needs "
                              f"{hf_shape(entry)}.")
-        entry.variable.assign(cast(array.T if entry.transpose else array, entry.variable.dtype))
+        entry.assign(array)
     return list(plan)
 
 
@@ -233,9 +233,7 @@ def save_adapter(model, folder, overwrite=False, tokenizer=None, base=None) -> P
     family = family_of(model)
     heads = [e for e in family.weight_map(model) if e.group in lora.HEAD_GROUPS]
     for entry in heads:
-        array = np.asarray(entry.variable.numpy())
-        array = array.T if entry.transpose else array
-        tensors[PREFIX + hf_name(entry, family, model.task)] = np.ascontiguousarray(array)
+        tensors[PREFIX + hf_name(entry, family, model.task)] = np.ascontiguousarray(entry.to_hf())
     config = {
         "peft_type": "LORA", "task_type": TASK_TYPES.get(model.task), "r": r, "lora_alpha": alpha,
         "target_modules": _target_modules(model, list(layers)),

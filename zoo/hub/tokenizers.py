@@ -126,6 +126,9 @@ def load_tokenizer(folder):
             vocab = [token for token, _ in sorted(model["vocab"].items(), key=_by_id)]
             lower = (spec.get("normalizer") or {}).get("lowercase", lowercase)
             return keras_hub.models.BertTokenizer(vocabulary=vocab, lowercase=bool(lower))
+        if model.get("type") == "BPE" and model.get("byte_fallback"):
+            raise ValueError(f"{folder / 'tokenizer.json'} is a SentencePiece-style BPE (byte_fallback, as Gemma's), "
+                             "not byte-level BPE, which zoo reads; load with tokenizer=False and tokenize outside.")
         if model.get("type") == "BPE":
             merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
             return _bpe(model["vocab"], merges, _specials(spec.get("added_tokens", [])))

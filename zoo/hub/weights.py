@@ -28,13 +28,34 @@ class Entry:
     """One Hugging Face tensor and the zoo variable that holds it: `key` without the base-model prefix,
     `transpose` for a Dense kernel (Keras [in, out], Hugging Face [out, in]), and `group` ("backbone",
     "pooler", "mlm", "classifier", "lm_head"): a missing backbone tensor is an error, a missing head is
-    freshly initialised. `module` is a projection's Keras `Dense` (what LoRA attaches to), else None."""
+    freshly initialised. `variable` may be a tuple: a fused tensor (ModernBERT's Wqkv, Wi) whose rows are
+    the variables' (transposed) stacked in order. `module` is a projection's Keras `Dense` (what LoRA
+    attaches to), else None (a fused tensor's too: several Dense layers, which zoo.lora refuses to adapt)."""
 
     key: str
     variable: object
     transpose: bool = False
     group: str = "backbone"
     module: object = None
+
+    @property
+    def parts(self) -> tuple:
+        return self.variable if isinstance(self.variable, tuple) else (self.variable,)
+
+    def to_hf(self):
+        """The tensor as the Hugging Face file holds it (numpy)."""
+        arrays = [np.asarray(v.numpy()) for v in self.parts]
+        arrays = [a.T if self.transpose else a for a in arrays]
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+
+    def assign(self, array):
+        """Load the Hugging Face tensor `array` into the variable(s)."""
+        start = 0
+        for v in self.parts:
+            rows = v.shape[-1] if self.transpose else v.shape[0]
+            part = array[start:start + rows]
+            start += rows
+            v.assign(cast(part.T if self.transpose else part, v.dtype))
 
 
 def dense(prefix, layer, group="backbone") -> list[Entry]:
@@ -62,9 +83,9 @@ def hf_name(entry: Entry, family, task: str) -> str:
 
 
 def hf_shape(entry: Entry) -> tuple:
-    """The entry's shape as the Hugging Face file holds it (a Dense kernel's transposed)."""
-    shape = tuple(entry.variable.shape)
-    return shape[::-1] if entry.transpose else shape
+    """The entry's shape as the Hugging Face file holds it (a Dense kernel's transposed, fused parts stacked)."""
+    shapes = [tuple(v.shape)[::-1] if entry.transpose else tuple(v.shape) for v in entry.parts]
+    return (sum(shape[0] for shape in shapes),) + shapes[0][1:]
 
 
 def normalise(key: str, family) -> str:
@@ -177,7 +198,7 @@ def load_into(model, folder, family, strict=True) -> list[str]:
                     f"Shape mismatch for tensor {key!r}: the checkpoint has {tuple(array.shape)}, the model needs "
                     f"{hf_shape(entry)}. Does config.json describe these weights?"
                 )
-            entry.variable.assign(cast(array.T if entry.transpose else array, entry.variable.dtype))
+            entry.assign(array)
             del array
     finally:
         handles.clear()
@@ -217,8 +238,7 @@ def save_from(model, folder, family, max_shard_size=None) -> list[str]:
     folder = Path(folder)
     tensors = {}
     for entry in family.weight_map(model):
-        array = np.asarray(entry.variable.numpy())
-        tensors[hf_name(entry, family, model.task)] = np.ascontiguousarray(array.T if entry.transpose else array)
+        tensors[hf_name(entry, family, model.task)] = np.ascontiguousarray(entry.to_hf())
     groups = shards(tensors, max_shard_size)
     if len(groups) == 1:
         save_file(tensors, folder / WEIGHTS, metadata={"format": "pt"})

@@ -1,8 +1,9 @@
-"""Multi-head attention with grouped-query heads, optional rotary positions and
-a choice of attention core (`zoo.ops.attention_core`).
+"""Multi-head attention with grouped-query heads, optional rotary positions, per-head
+Q/K norms, a sliding window and a choice of attention core (`zoo.ops.attention_core`).
 
 Projections are separate `Dense` layers (q, k, v, o) so that Hugging Face
-`BertSelfAttention` and `LlamaAttention` weights map one tensor to one kernel.
+`BertSelfAttention` and `LlamaAttention` weights map one tensor to one kernel
+(ModernBERT's fused Wqkv is split on load: zoo.hub.weights).
 The core and its chunk size are runtime choices (`ZooModel.set_attention`),
 like the checkpointing policy: they change memory and speed, never the weights.
 """
@@ -11,6 +12,7 @@ import keras
 from keras import ops
 
 from zoo.layers.initializers import init
+from zoo.layers.norm import make_norm
 from zoo.ops.attention_core import attention, check_chunk_size, check_core
 from zoo.ops.recompute import recompute
 
@@ -26,17 +28,29 @@ class Attention(keras.layers.Layer):
         dropout=0.0,
         rope_scaling=None,
         causal=False,
+        qkv_bias=None,
+        qk_norm=None,
+        scale=None,
+        window=None,
         **kwargs,
     ):
+        """`use_bias`: the output projection's bias (and Q/K/V's unless `qkv_bias` says otherwise);
+        `qk_norm`: norm settings (zoo.layers.norm) of a per-head norm on Q and K before the rotary
+        positions, or None; `scale`: the scores' factor (None: 1/sqrt(head_dim)); `window`: keys
+        with |i - j| < window are seen (None: all)."""
         super().__init__(**kwargs)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.causal = causal
+        self.causal, self.scale, self.window = causal, scale, window
         self.core, self.chunk_size = "chunked", None  # set_attention() changes them; not part of the config
         self.use_bias, self.rotary_theta, self.dropout = use_bias, rotary_theta, dropout
+        self.qkv_bias = use_bias if qkv_bias is None else qkv_bias
         self.rope_scaling = dict(rope_scaling) if rope_scaling else None  # Llama 3 frequency scaling
-        self.query_dense = self._dense(num_heads * head_dim, "query")
-        self.key_dense = self._dense(num_kv_heads * head_dim, "key")
-        self.value_dense = self._dense(num_kv_heads * head_dim, "value")
+        self.qk_norm = dict(qk_norm) if qk_norm else None
+        self.query_dense = self._dense(num_heads * head_dim, "query", self.qkv_bias)
+        self.key_dense = self._dense(num_kv_heads * head_dim, "key", self.qkv_bias)
+        self.value_dense = self._dense(num_kv_heads * head_dim, "value", self.qkv_bias)
+        self.query_norm = make_norm(self.qk_norm, self.dtype_policy, "query_norm") if qk_norm else None
+        self.key_norm = make_norm(self.qk_norm, self.dtype_policy, "key_norm") if qk_norm else None
         self.output_dense = None  # built in build(): needs the model width
         self.rotary = None
         if rotary_theta is not None and self.rope_scaling:
@@ -55,16 +69,19 @@ class Attention(keras.layers.Layer):
 
             self.rotary = RotaryEmbedding(max_wavelength=rotary_theta, dtype=self.dtype_policy, name="rotary")
 
-    def _dense(self, units, name):
+    def _dense(self, units, name, use_bias):
         return keras.layers.Dense(
-            units, use_bias=self.use_bias, name=name, dtype=self.dtype_policy, kernel_initializer=init()
+            units, use_bias=use_bias, name=name, dtype=self.dtype_policy, kernel_initializer=init()
         )
 
     def build(self, input_shape):
         hidden = input_shape[-1]
         for layer in (self.query_dense, self.key_dense, self.value_dense):
             layer.build(input_shape)
-        self.output_dense = self._dense(hidden, "output")
+        if self.qk_norm:
+            self.query_norm.build((None, None, self.num_heads, self.head_dim))
+            self.key_norm.build((None, None, self.num_kv_heads, self.head_dim))
+        self.output_dense = self._dense(hidden, "output", self.use_bias)
         self.output_dense.build(tuple(input_shape[:-1]) + (self.num_heads * self.head_dim,))
 
     def _heads(self, x, n):
@@ -78,6 +95,8 @@ class Attention(keras.layers.Layer):
         query = self._heads(self.query_dense(x), self.num_heads)
         key = self._heads(self.key_dense(x), self.num_kv_heads)
         value = self._heads(self.value_dense(x), self.num_kv_heads)
+        if self.qk_norm:
+            query, key = self.query_norm(query), self.key_norm(key)
         if self.rotary is not None:
             query = self.rotary(query, start_index=cache_index)
             key = self.rotary(key, start_index=cache_index)
@@ -88,7 +107,8 @@ class Attention(keras.layers.Layer):
             cache = ops.stack([key, value], axis=1)
         options = dict(
             core=self.core, key_mask=padding_mask, causal=self.causal, query_offset=cache_index,
-            rate=self.dropout if training else 0.0, seed=seed, chunk_size=self.chunk_size,
+            rate=self.dropout if training else 0.0, seed=seed, chunk_size=self.chunk_size, window=self.window,
+            scale=self.scale,
         )
 
         def core(q, k, v):
@@ -110,6 +130,7 @@ class Attention(keras.layers.Layer):
         config.update(
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             use_bias=self.use_bias, rotary_theta=self.rotary_theta, dropout=self.dropout,
-            rope_scaling=self.rope_scaling, causal=self.causal,
+            rope_scaling=self.rope_scaling, causal=self.causal, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm,
+            scale=self.scale, window=self.window,
         )
         return config

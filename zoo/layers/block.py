@@ -1,7 +1,9 @@
-"""The Transformer block both families share, and where checkpointing happens.
+"""The Transformer block every family shares, and where checkpointing happens.
 
-BERT: post-LN (x = LN(x + attn(x)); x = LN(x + ffn(x))), LayerNorm, GELU, biases.
-Llama: pre-norm (x = x + attn(RMSNorm(x)); x = x + ffn(RMSNorm(x))), SwiGLU, rotary.
+Norm placements: "post" (BERT: x = norm(x + attn(x)); x = norm(x + ffn(x))), "pre" (Llama,
+Qwen, ModernBERT: x = x + attn(norm(x)); x = x + ffn(norm(x))) and "sandwich" (Gemma 3:
+x = x + norm(attn(norm(x))); x = x + norm(ffn(norm(x)))). `attention_norm=False` leaves the
+first pre-norm out (ModernBERT's block 0, whose input the embedding norm already normed).
 
 The checkpointing policy is a plain attribute read at call time, so
 `ZooModel.set_checkpointing` switches a built model. Recomputation only
@@ -12,6 +14,7 @@ import keras
 
 from zoo.layers.attention import Attention
 from zoo.layers.feedforward import FeedForward
+from zoo.layers.norm import make_norm
 from zoo.ops.dropout import stateless_dropout
 from zoo.ops.recompute import policy_name, recompute
 
@@ -23,46 +26,61 @@ class TransformerBlock(keras.layers.Layer):
         num_kv_heads,
         head_dim,
         intermediate_dim,
-        pre_norm=False,
-        rms_norm=False,
+        placement="post",
+        norm=None,
         gated_ffn=False,
+        activation=None,
         use_bias=True,
+        qkv_bias=None,
+        qk_norm=False,
+        attention_norm=True,
         rotary_theta=None,
         dropout=0.0,
-        epsilon=1e-12,
         checkpointing="none",
         seed=None,
         rope_scaling=None,
         causal=False,
+        scale=None,
+        window=None,
         **kwargs,
     ):
+        """`norm`: the settings of every norm in the block (zoo.layers.norm; default BERT's
+        LayerNorm); `qk_norm`: the same norm on each head's queries and keys; the rest as
+        Attention and FeedForward take them."""
         super().__init__(**kwargs)
+        norm = dict(norm or {"kind": "layer", "epsilon": 1e-12})
         self.config_args = dict(
-            num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-            intermediate_dim=intermediate_dim, pre_norm=pre_norm, rms_norm=rms_norm, gated_ffn=gated_ffn,
-            use_bias=use_bias, rotary_theta=rotary_theta, dropout=dropout, epsilon=epsilon,
-            rope_scaling=dict(rope_scaling) if rope_scaling else None, causal=causal,
+            num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, intermediate_dim=intermediate_dim,
+            placement=placement, norm=norm, gated_ffn=gated_ffn, activation=activation, use_bias=use_bias,
+            qkv_bias=qkv_bias, qk_norm=qk_norm, attention_norm=attention_norm, rotary_theta=rotary_theta,
+            dropout=dropout, rope_scaling=dict(rope_scaling) if rope_scaling else None, causal=causal, scale=scale,
+            window=window,
         )
-        self.pre_norm, self.dropout = pre_norm, dropout
+        if placement not in ("post", "pre", "sandwich"):
+            raise ValueError(f"Unknown norm placement {placement!r}; known: post, pre, sandwich.")
+        self.placement, self.dropout = placement, dropout
         self.checkpointing = policy_name(checkpointing)
         policy = self.dtype_policy
         self.attention = Attention(
-            num_heads, num_kv_heads, head_dim, use_bias=use_bias, rotary_theta=rotary_theta,
-            dropout=dropout, rope_scaling=rope_scaling, causal=causal, dtype=policy, name="attention",
+            num_heads, num_kv_heads, head_dim, use_bias=use_bias, qkv_bias=qkv_bias,
+            qk_norm=norm if qk_norm else None, rotary_theta=rotary_theta, dropout=dropout, rope_scaling=rope_scaling,
+            causal=causal, scale=scale, window=window, dtype=policy, name="attention",
         )
-        self.ffn = FeedForward(intermediate_dim, gated=gated_ffn, dtype=policy, name="ffn")
-        norm = (
-            (lambda name: keras.layers.RMSNormalization(epsilon=epsilon, dtype=policy, name=name))
-            if rms_norm
-            else (lambda name: keras.layers.LayerNormalization(epsilon=epsilon, dtype=policy, name=name))
-        )
-        self.attention_norm, self.ffn_norm = norm("attention_norm"), norm("ffn_norm")
+        self.ffn = FeedForward(intermediate_dim, gated=gated_ffn, activation=activation, use_bias=use_bias,
+                               dtype=policy, name="ffn")
+        self.attention_norm = make_norm(norm, policy, "attention_norm") if attention_norm else None
+        self.ffn_norm = make_norm(norm, policy, "ffn_norm")
+        sandwich = placement == "sandwich"
+        self.post_attention_norm = make_norm(norm, policy, "post_attention_norm") if sandwich else None
+        self.post_ffn_norm = make_norm(norm, policy, "post_ffn_norm") if sandwich else None
         # One draw per call, outside any recomputation, seeds every dropout in the block.
         self.seed_generator = keras.random.SeedGenerator(seed, name="dropout_seed")
 
     def build(self, input_shape):
-        for layer in (self.attention, self.ffn, self.attention_norm, self.ffn_norm):
-            layer.build(input_shape)
+        for layer in (self.attention, self.ffn, self.attention_norm, self.ffn_norm, self.post_attention_norm,
+                      self.post_ffn_norm):
+            if layer is not None:
+                layer.build(input_shape)
 
     def call(self, x, padding_mask=None, training=None):
         training = bool(training)
@@ -95,10 +113,13 @@ class TransformerBlock(keras.layers.Layer):
         def drop(h, site):
             return stateless_dropout(h, rate, seed, site=site)
 
-        if self.pre_norm:  # Llama: x = x + attn(norm(x)); x = x + ffn(norm(x))
-            h, new_cache = attend(self.attention_norm(x))
+        if self.placement != "post":  # x = x + attn(norm(x)); x = x + ffn(norm(x)), sandwich: norm() around both
+            h, new_cache = attend(x if self.attention_norm is None else self.attention_norm(x))
+            h = h if self.post_attention_norm is None else self.post_attention_norm(h)
             x = x + drop(h, site=1)
-            x = x + drop(self.ffn(self.ffn_norm(x)), site=2)
+            h = self.ffn(self.ffn_norm(x))
+            h = h if self.post_ffn_norm is None else self.post_ffn_norm(h)
+            x = x + drop(h, site=2)
         else:  # BERT: x = norm(x + attn(x)); x = norm(x + ffn(x))
             h, new_cache = attend(x)
             x = self.attention_norm(x + drop(h, site=1))

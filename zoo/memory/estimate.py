@@ -132,13 +132,15 @@ def loss_live_bytes(batch: int, sequence_length: int, vocab_size: int, chunk_siz
 # Bytes per s·b·h element per layer that TensorFlow keeps for the backward pass beyond the
 # formula's, measured with benchmarks/planner.py (none rows, chunked core): float32 copies made by
 # the norms, GELU/SwiGLU, rotary positions and dropout that the 16-bit-activation formula does not
-# count. By (family, float32 activations?).
+# count. By (family, float32 activations?). Issue 23's families are not measured yet: they borrow
+# Llama's (decoders) or BERT's (ModernBERT) until benchmarks/planner.py runs on them.
 SAVED_EXTRA = {("bert", True): 105, ("bert", False): 86, ("llama", True): 58, ("llama", False): 26}
 
 
 def _saved_extra(s, b, seq, precision, policy) -> int:
     """Per layer kept (none, selective), or one block's while it is recomputed (full)."""
-    per_layer = SAVED_EXTRA[s.family, precision == "float32"] * seq * b * s.hidden_dim
+    measured = s.family if (s.family, True) in SAVED_EXTRA else "llama" if s.is_decoder else "bert"
+    per_layer = SAVED_EXTRA[measured, precision == "float32"] * seq * b * s.hidden_dim
     return per_layer * (1 if policy == "full" else s.num_layers)
 
 
@@ -172,6 +174,19 @@ def _ahead_bytes(params, vbytes, optimizer, fused, rounding=None) -> int:
     dec-base measured 1.8-2.0). The fused update waits for each block's gradients, and a rounded
     update for its own gradient: none ahead."""
     return 2 * params * vbytes if optimizer.lower() == "lion" and not fused and not rounding else 0
+
+
+def _family_extra_16(s, b, seq) -> int:
+    """16-bit bytes a layer keeps beyond Korthikanti's 34·s·b·h (which assumes BERT's block), from the
+    spec's fields: a gated FFN's third ffn-wide tensor (SwiGLU, GeGLU); sandwich norms' two more
+    inputs; the Q/K norms' inputs; queries wider than the hidden size (head_dim x heads > hidden:
+    the query and the attention output the formula counts at h)."""
+    width = s.num_heads * s.head_dim
+    extra = 2 * s.intermediate_dim if s.gated_ffn else 0
+    extra += 4 * s.hidden_dim if s.norm_placement == "sandwich" else 0
+    extra += 2 * (s.num_heads + s.num_kv_heads) * s.head_dim if s.qk_norm else 0
+    extra += 4 * (width - s.hidden_dim) if width > s.hidden_dim else 0
+    return seq * b * extra
 
 
 def split_config(checkpointing, fused=False, accumulation_steps: int = 1) -> tuple:
@@ -240,9 +255,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
     check_core(attention)
     b, seq, h, a = batch_size, sequence_length, s.hidden_dim, s.num_heads
     scale = _activation_bytes(precision) / 2  # the formula counts 16-bit activations
-    per_layer_no_core = seq * b * h * 34 * scale
-    if s.family == "llama":  # SwiGLU holds three ffn-wide tensors instead of two
-        per_layer_no_core += seq * b * s.intermediate_dim * 2 * scale
+    per_layer_no_core = (seq * b * h * 34 + _family_extra_16(s, b, seq)) * scale
     if attention == "plain":
         per_layer_full = per_layer_no_core + seq * b * h * (5 * a * seq / h) * scale
         working = 0

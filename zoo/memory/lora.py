@@ -65,6 +65,7 @@ class LoraPlan:
 def plan(spec, task, rank, targets=None, quantize=None, precision="float32") -> LoraPlan:
     """What a LoRA step on `spec` holds beside the activations (see the module docstring)."""
     checks.lora(rank, None, quantize)
+    checks.lora_family(spec.family)
     vbytes = 2 if precision in ("bfloat16", "float16") else 4
     tagged = variables(spec, task)
     frozen = sum(stored_bytes(tag, shape, quantize, vbytes) for tag, shape in tagged if tag != "classifier")

@@ -5,13 +5,12 @@ import keras
 from zoo.models.decoder import DecoderBackbone, DecoderCausalLM
 from zoo.models.encoder import EncoderBackbone, EncoderClassifier, EncoderMaskedLM
 from zoo.ops.recompute import policy_name
-from zoo.registry import PRECISIONS, ModelSpec
+from zoo.registry import DECODERS, FAMILIES, PRECISIONS, ModelSpec
 
 # family -> task -> class. The task names are the ones recipes, export and the Hub format use.
-TASKS = {
-    "bert": {cls.task: cls for cls in (EncoderBackbone, EncoderMaskedLM, EncoderClassifier)},
-    "llama": {cls.task: cls for cls in (DecoderBackbone, DecoderCausalLM)},
-}
+_ENCODER_TASKS = {cls.task: cls for cls in (EncoderBackbone, EncoderMaskedLM, EncoderClassifier)}
+_DECODER_TASKS = {cls.task: cls for cls in (DecoderBackbone, DecoderCausalLM)}
+TASKS = {family: _DECODER_TASKS if family in DECODERS else _ENCODER_TASKS for family in FAMILIES}
 
 
 def build(spec: ModelSpec, task=None, checkpointing=None, dtype=None, **task_args) -> keras.Model:
@@ -19,8 +18,8 @@ def build(spec: ModelSpec, task=None, checkpointing=None, dtype=None, **task_arg
 
     Args:
         spec: a `ModelSpec`.
-        task: "backbone", "masked_lm" or "classifier" (BERT family); "backbone" or
-            "causal_lm" (Llama family). None: the family's default.
+        task: "backbone", "masked_lm" or "classifier" (encoders); "backbone" or
+            "causal_lm" (decoders). None: the family's default.
         checkpointing: "none", "full" or "selective" (`True` = "full").
         dtype: a Keras dtype policy name from `PRECISIONS`; None: the global policy.
         **task_args: the task's own arguments (`num_classes` for "classifier").

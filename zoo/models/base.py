@@ -21,24 +21,38 @@ def as_spec(spec) -> ModelSpec:
     return spec if isinstance(spec, ModelSpec) else ModelSpec(**spec)
 
 
+def norm_settings(spec: ModelSpec) -> dict:
+    """The settings of every norm of a spec's model (zoo.layers.norm)."""
+    return {"kind": spec.norm, "epsilon": spec.layer_norm_epsilon, "bias": spec.norm_bias,
+            "offset": spec.norm_offset}
+
+
 def make_blocks(spec: ModelSpec, checkpointing, dtype):
-    llama = spec.family == "llama"
+    rope = spec.positions == "rope"
     return [
         TransformerBlock(
             num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-            intermediate_dim=spec.intermediate_dim, pre_norm=llama, rms_norm=llama, gated_ffn=llama,
-            use_bias=not llama, rotary_theta=spec.rope_theta if llama else None, dropout=spec.dropout,
-            rope_scaling=spec.rope_scaling if llama else None, causal=llama,
-            epsilon=spec.layer_norm_epsilon, checkpointing=checkpointing, dtype=dtype, name=f"block_{i}",
+            intermediate_dim=spec.intermediate_dim, placement=spec.norm_placement, norm=norm_settings(spec),
+            gated_ffn=spec.gated_ffn, activation=spec.activation, use_bias=spec.dense_bias, qkv_bias=spec.qkv_bias,
+            qk_norm=spec.qk_norm, attention_norm=spec.first_attention_norm or i > 0,
+            rotary_theta=spec.layer_rope_theta(i) if rope else None, dropout=spec.dropout,
+            rope_scaling=spec.rope_scaling if rope and spec.layer_kind(i) == "global" else None,
+            causal=spec.is_decoder, scale=spec.attention_scale, window=spec.layer_window(i),
+            checkpointing=checkpointing, dtype=dtype, name=f"block_{i}",
         )
         for i in range(spec.num_layers)
     ]
 
 
 def token_inputs(spec: ModelSpec) -> dict:
-    """keras-hub's input convention: token_ids, padding_mask (+ segment_ids for BERT)."""
-    names = ["token_ids", "padding_mask"] + (["segment_ids"] if spec.family == "bert" else [])
+    """keras-hub's input convention: token_ids, padding_mask (+ segment_ids with BERT's token types)."""
+    names = ["token_ids", "padding_mask"] + (["segment_ids"] if has_segments(spec) else [])
     return {name: keras.Input(shape=(None,), dtype="int32", name=name) for name in names}
+
+
+def has_segments(spec: ModelSpec) -> bool:
+    """Token types (segment ids) come with BERT's learned positions."""
+    return not spec.is_decoder and spec.positions == "learned"
 
 
 def blocks_of(model) -> list:

@@ -1,16 +1,17 @@
-"""The Llama family: a pre-RMSNorm causal decoder with rotary positions, SwiGLU
-and grouped-query attention, whose weights map 1:1 onto Hugging Face
-`LlamaForCausalLM` (tied or untied LM head)."""
+"""The decoders (Llama, Qwen2, Qwen3, Gemma 3): a pre- or sandwich-norm causal decoder with
+rotary positions, a gated FFN and grouped-query attention, whose weights map 1:1 onto
+Hugging Face `LlamaForCausalLM` and its relatives (tied or untied LM head)."""
 
 import warnings
 
 import keras
 import tensorflow as tf
 from keras import ops
-from keras_hub.layers import ReversibleEmbedding
 
+from zoo.layers.embedding import ScaledEmbedding
 from zoo.layers.initializers import init
-from zoo.models.base import ZooModel, as_spec, make_blocks, token_inputs
+from zoo.layers.norm import make_norm
+from zoo.models.base import ZooModel, as_spec, make_blocks, norm_settings, token_inputs
 from zoo.ops.lm_loss import check_chunk, chunked_lm_loss
 
 
@@ -23,14 +24,12 @@ class DecoderBackbone(ZooModel):
 
     def __init__(self, spec, checkpointing="none", dtype=None, **kwargs):
         spec = as_spec(spec)
-        self.token_embedding = ReversibleEmbedding(
-            spec.vocab_size, spec.hidden_dim, tie_weights=spec.tie_embeddings,
-            embeddings_initializer=init(), dtype=dtype, name="token_embedding",
+        self.token_embedding = ScaledEmbedding(
+            spec.vocab_size, spec.hidden_dim, tie_weights=spec.tie_embeddings, embeddings_initializer=init(),
+            scale=spec.hidden_dim ** 0.5 if spec.scale_embeddings else None, dtype=dtype, name="token_embedding",
         )
         self.blocks = make_blocks(spec, checkpointing, dtype)
-        self.final_norm = keras.layers.RMSNormalization(
-            epsilon=spec.layer_norm_epsilon, dtype=dtype, name="final_norm"
-        )
+        self.final_norm = make_norm(norm_settings(spec), dtype, "final_norm")
         inputs = token_inputs(spec)
         x = self.embed(inputs)
         for block in self.blocks:

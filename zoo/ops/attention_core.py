@@ -1,4 +1,5 @@
-"""The attention core, softmax(QKᵀ/√d + mask) -> dropout -> ·V, in two implementations.
+"""The attention core, softmax(QKᵀ·scale + mask) -> dropout -> ·V, in two implementations
+(scale 1/√d unless given: Gemma 3 scales by query_pre_attn_scalar^-½).
 
 `chunked_attention` (the default) never holds an s×s matrix. It walks query
 chunks and, within each, key chunks with an online softmax (running max and
@@ -7,6 +8,14 @@ the output and each row's log-sum-exp, and recomputes each chunk's
 probabilities in the backward pass (FlashAttention, Dao et al. 2022). A causal
 core skips the key chunks above the diagonal. Grouped-query heads are handled
 by reshaping queries to [.., KV heads, group, ..], never by repeating K and V.
+
+A sliding window (`window=w`, None = global attention) lets a query at position
+i see a key at position j only when |i - j| < w (and j <= i when causal): w keys,
+itself included, for a causal query (transformers' `sliding_window=w` of Gemma 3,
+Qwen2/3, Mistral); 2w - 1 keys for a bidirectional one (ModernBERT's
+`local_attention=L` is w = L // 2 + 1). The chunked core then computes, forward
+and backward, only the tiles that hold at least one such pair
+(`key_chunk_range`, `tile_count`): about s·(w + chunk)/chunk² tiles instead of s²/chunk².
 
 `plain_attention` materialises the scores [B, H, S, T]. It is the reference the
 tests compare against, and a user's fallback (`ZooModel.set_attention("plain")`).
@@ -18,7 +27,8 @@ attend to no key at all (a fully padded row) to output zeros.
 
 Shapes: query [B, S, H, D]; key/value [B, T, KV, D] with H % KV == 0; key_mask
 [B, T] (True = may be attended) or None; query i sits at position
-query_offset + i (a KV cache), key t at position t.
+query_offset + i (a KV cache), key t at position t: a decoding query is
+masked to its window like any other.
 """
 
 from __future__ import annotations
@@ -47,6 +57,41 @@ def chunk_sizes(query_length, key_length, chunk_size=None):
     return query_chunk, key_chunk, _ceil_div(query_length, query_chunk), _ceil_div(key_length, key_chunk)
 
 
+def check_window(window):
+    """A window is a positive number of positions (or None: global attention)."""
+    if window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ValueError(f"Attention window must be a positive number of positions (or None for global "
+                         f"attention), got {window!r}.")
+
+
+def key_chunk_range(i, query_chunk, key_chunk, key_chunks, query_length, causal=False, window=None,
+                    query_offset=0):
+    """[start, stop) of the key chunks that query chunk i needs: those holding at least one key
+    it may see. Causal: none past its last query; windowed: none wholly outside the window.
+    Arguments may be Python ints (then so is the result) or scalar tensors."""
+    first = query_offset + i * query_chunk  # the chunk's first and last real query positions
+    last = query_offset + _min(query_length, (i + 1) * query_chunk) - 1
+    start, stop = 0, key_chunks
+    if window is not None:
+        start = _max((first - window + 1) // key_chunk, 0)
+        if not causal:
+            stop = _min(key_chunks, (last + window - 1) // key_chunk + 1)
+    if causal:
+        stop = _min(key_chunks, last // key_chunk + 1)
+    return start, stop
+
+
+def tile_count(query_length, key_length, chunk_size=None, causal=False, window=None, query_offset=0):
+    """How many (query chunk, key chunk) tiles the chunked core computes, in each of its forward
+    and backward passes (Python ints in, an int out)."""
+    check_window(window)
+    cq, ck, nq, nk = chunk_sizes(query_length, key_length, chunk_size)
+    ranges = (key_chunk_range(i, cq, ck, nk, query_length, causal, window, query_offset) for i in range(nq))
+    return sum(max(stop - start, 0) for start, stop in ranges)
+
+
 def check_core(core):
     if core not in CORES:
         raise ValueError(f"Unknown attention core {core!r}; known cores: {', '.join(CORES)}.")
@@ -65,8 +110,12 @@ def check_chunk_size(chunk_size, key_length=None):
         )
 
 
-def _min(length, size):
-    return min(length, size) if isinstance(length, int) else tf.minimum(length, size)
+def _min(a, b):
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else tf.minimum(a, b)
+
+
+def _max(a, b):
+    return max(a, b) if isinstance(a, int) and isinstance(b, int) else tf.maximum(a, b)
 
 
 def _ceil_div(a, b):
@@ -89,29 +138,40 @@ def _tile_keep(seed, i, j, shape, rate):
     return replica_uniform(shape, _tile_seed(seed, i, j)) >= rate
 
 
-def _allowed(key_mask, causal, query_positions, key_positions):
+def _allowed(key_mask, causal, query_positions, key_positions, window=None):
     """Which (query, key) pairs may attend: [B or 1, 1, S, T] (None = all)."""
     allowed = None
     if key_mask is not None:
         allowed = tf.cast(key_mask, tf.bool)[:, None, None, :]
-    if causal:
-        below = (key_positions[None, :] <= query_positions[:, None])[None, None]
-        allowed = below if allowed is None else tf.logical_and(allowed, below)
+    pairs = _position_rule(query_positions, key_positions, causal, window)
+    if pairs is not None:
+        allowed = pairs[None, None] if allowed is None else tf.logical_and(allowed, pairs[None, None])
     return allowed
 
 
+def _position_rule(query_positions, key_positions, causal, window):
+    """[S, T]: key j is before query i (causal) and within the window (|i - j| < window); None = all."""
+    offsets = query_positions[:, None] - key_positions[None, :]
+    rule = offsets >= 0 if causal else None
+    if window is not None:
+        near = tf.abs(offsets) < window
+        rule = near if rule is None else tf.logical_and(rule, near)
+    return rule
+
+
 def plain_attention(query, key, value, key_mask=None, causal=False, query_offset=0, rate=0.0, seed=None,
-                    chunk_size=None):
+                    chunk_size=None, window=None, scale=None):
     """The reference core: scores, softmax and dropout mask held whole."""
+    check_window(window)
     query, key, value = (tf.convert_to_tensor(x) for x in (query, key, value))
     batch, num_heads, kv_heads = tf.shape(query)[0], query.shape[2], key.shape[2]
     if kv_heads != num_heads:
         key = tf.repeat(key, num_heads // kv_heads, axis=2)
         value = tf.repeat(value, num_heads // kv_heads, axis=2)
     query_length, key_length = _length(query, 1), _length(key, 1)
-    scale = 1.0 / float(query.shape[-1]) ** 0.5
+    scale = _scale(scale, query.shape[-1])
     scores = tf.cast(tf.einsum("bshd,bthd->bhst", query * tf.cast(scale, query.dtype), key), tf.float32)
-    allowed = _allowed(key_mask, causal, query_offset + tf.range(query_length), tf.range(key_length))
+    allowed = _allowed(key_mask, causal, query_offset + tf.range(query_length), tf.range(key_length), window)
     if allowed is not None:
         scores = tf.where(allowed, scores, _MASKED)
     probs = tf.cast(tf.nn.softmax(scores, axis=-1), value.dtype)
@@ -123,6 +183,11 @@ def plain_attention(query, key, value, key_mask=None, causal=False, query_offset
         has_key = tf.transpose(tf.reduce_any(allowed, axis=-1), [0, 2, 1])[..., None]  # [B or 1, S, 1, 1]
         out = tf.where(has_key, out, tf.zeros([], out.dtype))
     return out
+
+
+def _scale(scale, head_dim) -> float:
+    """The scores' factor: `scale`, or 1/√head_dim."""
+    return float(scale) if scale is not None else 1.0 / float(head_dim) ** 0.5
 
 
 def _whole_keep(seed, batch, heads, query_length, key_length, rate, chunk_size):
@@ -140,7 +205,7 @@ class _Tiles:
     """Queries and keys cut into chunks ([chunk index, B, chunk, ...]) and each tile's
     scores, mask and dropout: what the forward and backward passes share."""
 
-    def __init__(self, query, key, value, key_mask, causal, query_offset, rate, seed, chunk_size):
+    def __init__(self, query, key, value, key_mask, causal, query_offset, rate, seed, chunk_size, window, scale):
         self.dtype = value.dtype
         self.batch, self.static_batch = tf.shape(query)[0], query.shape[0]
         self.heads, self.kv_heads, self.head_dim = query.shape[2], key.shape[2], query.shape[3]
@@ -148,7 +213,8 @@ class _Tiles:
         self.query_length, self.key_length = _length(query, 1), _length(key, 1)
         self.cq, self.ck, self.nq, self.nk = chunk_sizes(self.query_length, self.key_length, chunk_size)
         self.causal, self.query_offset, self.rate, self.seed = causal, query_offset, rate, seed
-        self.scale = 1.0 / float(self.head_dim) ** 0.5
+        self.window = window
+        self.scale = _scale(scale, self.head_dim)
         grouped = tf.reshape(query, tf.stack([self.batch, self.query_length, self.kv_heads, self.group,
                                               self.head_dim]))
         self.q = self.chunks(grouped, self.cq, self.nq)  # [nq, B, cq, KV, G, D]
@@ -167,20 +233,18 @@ class _Tiles:
         return tf.transpose(tf.reshape(x, shape), perm)
 
     def key_chunks_for(self, i):
-        """How many key chunks query chunk i sees: all, or up to the diagonal when causal."""
-        if not self.causal:
-            return self.nk
-        last_position = self.query_offset + (i + 1) * self.cq - 1
-        return tf.minimum(self.nk, last_position // self.ck + 1)
+        """[start, stop) of the key chunks query chunk i sees (`key_chunk_range`)."""
+        return key_chunk_range(i, self.cq, self.ck, self.nk, self.query_length, self.causal, self.window,
+                               self.query_offset)
 
     def scores(self, i, j, q):
         """Masked float32 scores of tile (i, j): [B, KV, G, cq, ck]."""
         s = tf.cast(tf.einsum("bqkgd,btkd->bkgqt", q * tf.cast(self.scale, q.dtype), self.k[j]), tf.float32)
         allowed = self.key_mask[j][:, None, None, None, :]
-        if self.causal:
-            query_positions = self.query_offset + i * self.cq + tf.range(self.cq)
-            key_positions = j * self.ck + tf.range(self.ck)
-            allowed = tf.logical_and(allowed, key_positions[None, :] <= query_positions[:, None])
+        pairs = _position_rule(self.query_offset + i * self.cq + tf.range(self.cq), j * self.ck + tf.range(self.ck),
+                               self.causal, self.window)
+        if pairs is not None:
+            allowed = tf.logical_and(allowed, pairs)
         return tf.where(allowed, s, _MASKED)
 
     def dropout_scale(self, i, j, scores):
@@ -230,9 +294,10 @@ def _forward(t: _Tiles):
 
         m0 = tf.fill(stats_shape, float("-inf"))
         acc0 = unfolded_zeros(tf.concat([stats_shape, [t.head_dim]], 0), tf.float32, q)
+        start, stop = t.key_chunks_for(i)
         _, m, total, acc = tf.while_loop(
-            lambda j, *_: j < t.key_chunks_for(i), key_chunk,
-            (tf.constant(0), m0, tf.zeros(stats_shape, tf.float32), acc0), parallel_iterations=1,
+            lambda j, *_: j < stop, key_chunk,
+            (tf.convert_to_tensor(start), m0, tf.zeros(stats_shape, tf.float32), acc0), parallel_iterations=1,
         )
         has_key = m > _NO_KEY
         out = tf.where(has_key[..., None], acc, 0.0)  # [B, KV, G, cq, D]
@@ -280,9 +345,11 @@ def _backward(t: _Tiles, out, lse, d_out):
             d_values = tf.tensor_scatter_nd_add(d_values, [[j]], tf.cast(d_v, tf.float32)[None])
             return j + 1, d_q, d_keys, d_values
 
+        start, stop = t.key_chunks_for(i)
         _, d_q, d_keys, d_values = tf.while_loop(
-            lambda j, *_: j < t.key_chunks_for(i), key_chunk,
-            (tf.constant(0), unfolded_zeros(tf.shape(q), tf.float32, q), d_keys, d_values), parallel_iterations=1,
+            lambda j, *_: j < stop, key_chunk,
+            (tf.convert_to_tensor(start), unfolded_zeros(tf.shape(q), tf.float32, q), d_keys, d_values),
+            parallel_iterations=1,
         )
         return i + 1, d_queries.write(i, tf.cast(d_q, t.dtype)), d_keys, d_values
 
@@ -297,20 +364,21 @@ def _backward(t: _Tiles, out, lse, d_out):
 
 
 def chunked_attention(query, key, value, key_mask=None, causal=False, query_offset=0, rate=0.0, seed=None,
-                      chunk_size=None):
+                      chunk_size=None, window=None, scale=None):
     """The memory-efficient core: O(s·chunk) working memory; saves Q, K, V, output and lse."""
+    check_window(window)
     query, key, value = (tf.convert_to_tensor(x) for x in (query, key, value))
+    options = (key_mask, causal, query_offset, rate, seed, chunk_size, window, scale)
 
     @tf.custom_gradient
     def core(q, k, v):
-        tiles = _Tiles(q, k, v, key_mask, causal, query_offset, rate, seed, chunk_size)
+        tiles = _Tiles(q, k, v, *options)
         # The float32 output is what the backward's rowsum(dO ∘ O) needs: from a 16-bit O it would cancel
         # badly against dP. It costs 4 bytes per output element, the size of Q in float32.
         out, lse = _forward(tiles)
 
         def grad(d_out):
-            return _backward(_Tiles(q, k, v, key_mask, causal, query_offset, rate, seed, chunk_size),
-                             out, lse, d_out)
+            return _backward(_Tiles(q, k, v, *options), out, lse, d_out)
 
         return tf.cast(out, v.dtype), grad
 

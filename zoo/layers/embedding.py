@@ -1,0 +1,31 @@
+"""The decoders' token embedding: keras-hub's ReversibleEmbedding (the tied LM head is its reverse),
+its lookups optionally x `scale` (Gemma: sqrt(hidden), cast to the compute dtype as transformers
+casts it to the weights'). The reverse uses the matrix unscaled, as transformers' tied head does.
+
+The scale is applied inside the layer: on a Keras 3.15 symbolic tensor, `x * scalar` comes out
+marked sparse (ops.Multiply's output spec takes a missing `.sparse` for True) and the next layer
+then fails on a SparseTensor placeholder."""
+
+from keras import ops
+from keras_hub.layers import ReversibleEmbedding
+
+
+class ScaledEmbedding(ReversibleEmbedding):
+    def __init__(self, *args, scale=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.scale = scale
+
+    def call(self, inputs, reverse=False):
+        return self._scaled(super().call(inputs, reverse=reverse), reverse)
+
+    def quantized_call(self, inputs, reverse=False):
+        """A quantized layer (zoo.lora.quantize_base) is called here, not through `call`: scale it too."""
+        return self._scaled(super().quantized_call(inputs, reverse=reverse), reverse)
+
+    def _scaled(self, x, reverse):
+        if reverse or self.scale is None:
+            return x
+        return x * ops.cast(self.scale, x.dtype)
+
+    def get_config(self):
+        return {**super().get_config(), "scale": self.scale}
