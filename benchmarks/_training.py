@@ -58,7 +58,7 @@ def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=Non
     overrides = {"max_sequence_length": seq} if seq > spec.max_sequence_length else {}
     if num_layers:
         overrides["num_layers"] = num_layers
-    precision, rounding = checks.weights(weights_dtype, precision)
+    precision, rounding = checks.weights(weights_dtype, precision, frozen=bool(lora_rank))
     keras.utils.set_random_seed(0)  # same weights and data in every variant
     m = zoo.get(model, checkpointing=policy, dtype=precision, task=task, **overrides)
     m.set_attention(core, chunk_size)

@@ -85,7 +85,7 @@ class Recipe:
               f"Unknown precision {self.precision!r}; known: {', '.join(zoo.PRECISIONS)}.")
         check(self.optimizer in RECIPE_OPTIMIZERS,
               f"Unknown optimizer {self.optimizer!r}; known optimizers: {', '.join(RECIPE_OPTIMIZERS)}.")
-        checks.weights(self.weights_dtype, self.precision, self.rounding, self.accumulation_steps)
+        self._weights()
         check_weights(self.optimizer, self.weights_dtype)
         check(self.decay in DECAYS, f"Unknown decay {self.decay!r}; known: {', '.join(DECAYS)}.")
         check(self.checkpointing in (*zoo.POLICIES, "auto"),
@@ -135,15 +135,20 @@ class Recipe:
         base = pretrained.checkpoint(self.weights).spec if self.weights else zoo.spec(self.model)
         return base.replace(**overrides)
 
+    def _weights(self) -> tuple:
+        """zoo.checks.weights for this recipe: (dtype policy, rounding); a LoRA base is frozen."""
+        return checks.weights(self.weights_dtype, self.precision, self.rounding, self.accumulation_steps,
+                              frozen=self.lora_rank is not None)
+
     @property
     def dtype_policy(self) -> str:
         """The Keras dtype policy the model is built with: `precision`, or "bfloat16" for bfloat16 weights."""
-        return checks.weights(self.weights_dtype, self.precision, self.rounding)[0]
+        return self._weights()[0]
 
     @property
     def weights_rounding(self) -> str | None:
         """How updates are rounded into the weights: None (float32 weights), "stochastic" or "nearest"."""
-        return checks.weights(self.weights_dtype, self.precision, self.rounding)[1]
+        return self._weights()[1]
 
     @property
     def targets(self):

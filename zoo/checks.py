@@ -43,13 +43,16 @@ def rounding_name(value):
     return value
 
 
-def weights(weights_dtype: str = "float32", precision=None, rounding=None, accumulation_steps: int = 1) -> tuple:
+def weights(weights_dtype: str = "float32", precision=None, rounding=None, accumulation_steps: int = 1,
+            frozen: bool = False) -> tuple:
     """(the Keras dtype policy to build the model with, the rounding of its updates) for weights
     stored as `weights_dtype`, given the `precision` asked for (None: the weights decide).
 
     bfloat16 weights are Keras' pure "bfloat16" policy (variables and compute in bfloat16;
     "mixed_bfloat16" asks for the same compute, so it becomes "bfloat16"), updated in float32 and
-    rounded stochastically unless "nearest" is asked for by name (docs/memory.md)."""
+    rounded stochastically unless "nearest" is asked for by name (docs/memory.md). `frozen`: the
+    weights are a frozen LoRA base, so precision "bfloat16" may store them in bfloat16: nothing is
+    rounded into them (zoo.lora's adapters are float32)."""
     if weights_dtype not in WEIGHTS_DTYPES:
         raise ValueError(f"Unknown weights dtype {weights_dtype!r}; known: {', '.join(WEIGHTS_DTYPES)} "
                          "(bfloat16: no float32 copy, each update rounded stochastically).")
@@ -59,7 +62,7 @@ def weights(weights_dtype: str = "float32", precision=None, rounding=None, accum
             raise ValueError(f"rounding={rounding!r} rounds updates into bfloat16 weights; float32 weights have "
                              "nothing to round. Drop rounding (--rounding), or add weights_dtype='bfloat16' "
                              "(--weights-dtype bfloat16).")
-        if precision in ("bfloat16", "float16"):
+        if precision in ("bfloat16", "float16") and not (frozen and precision == "bfloat16"):
             raise ValueError(
                 f"precision {precision!r} stores {precision} weights, but weights_dtype is 'float32'. Use "
                 f"'mixed_{precision}' (float32 weights, {precision} compute), or weights_dtype='bfloat16' "

@@ -88,3 +88,18 @@ def test_cli_plan_with_lora_and_refusals(capsys):
         memory.estimate(DEC, B, S, lora_rank=0)
     with pytest.raises(ValueError, match="fused update is not combined with LoRA"):
         memory.estimate(DEC, B, S, checkpointing="full+fused", lora_rank=4)
+
+
+def test_a_bfloat16_frozen_base_is_planned_and_only_with_lora():
+    """Pure bfloat16 stores a frozen LoRA base at 2 bytes and rounds nothing into it (the adapters are
+    float32); without LoRA the same precision would train bfloat16 weights to nearest, and is refused."""
+    import recipes
+
+    frozen = memory.estimate(DEC, B, S, "bfloat16", "full", task="causal_lm", lora_rank=4)
+    floats = memory.estimate(DEC, B, S, "mixed_bfloat16", "full", task="causal_lm", lora_rank=4)
+    assert frozen.weights < floats.weights
+    with pytest.raises(ValueError, match="weights_dtype='bfloat16'"):
+        memory.estimate(DEC, B, S, "bfloat16", "full", task="causal_lm")
+    assert zoo.checks.weights("float32", "bfloat16", frozen=True) == ("bfloat16", None)  # what a LoRA recipe asks
+    with pytest.raises(ValueError, match="weights_dtype='bfloat16'"):
+        recipes.get("dec-base", precision="bfloat16", accumulation_steps=1)

@@ -22,7 +22,7 @@ def _plan(args):
     options = {"precision": args.precision, "task": args.task, "optimizer": args.optimizer,
                "weights_dtype": args.weights_dtype, "lora_rank": args.lora_rank, "lora_targets": targets,
                "quantize": args.quantize}
-    policy, rounding = checks.weights(args.weights_dtype, args.precision)
+    policy, rounding = checks.weights(args.weights_dtype, args.precision, frozen=lora)
     weights = f", {args.weights_dtype} weights ({rounding} rounding)" if rounding else ""
     adapted = (f"; LoRA r{args.lora_rank} on {args.lora_targets or 'the default targets'}"
                + (f", {args.quantize} base" if args.quantize else "")) if lora else ""

@@ -242,7 +242,8 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
     checks.positive("batch_size", batch_size)
     checks.positive("sequence_length", sequence_length)
     task = task or s.default_task
-    precision, rounding = checks.weights(weights_dtype, precision, accumulation_steps=accumulation_steps)
+    precision, rounding = checks.weights(weights_dtype, precision, accumulation_steps=accumulation_steps,
+                                         frozen=lora_rank is not None)
     optimizer_state.check_weights(optimizer, weights_dtype)
     policy, fused = split_config(checkpointing, fused, accumulation_steps)
     checks.lora(lora_rank, None, quantize, fused)
