@@ -183,8 +183,9 @@ def test_transformers_loads_a_fresh_export(tokenizer, tmp_path):
 def test_bad_input_is_refused_with_the_fix(case, tokenizer, tmp_path):
     decoder = zoo.get("dec-base", **TINY_DEC)
     args = dict(model=decoder, path=tmp_path / "x.gguf", tokenizer=tokenizer)
-    expect = {"encoder": "Llama-family decoders", "backbone": "task='causal_lm'", "no tokenizer": "carries its tokenizer",
-              "quantize": "q8_0, f16, f32", "suffix": "must end in .gguf", "big tokenizer": "the model's vocabulary is"}
+    expect = {"encoder": "Llama-family decoders", "backbone": "task='causal_lm'",
+              "no tokenizer": "carries its tokenizer", "quantize": "q8_0, f16, f32",
+              "suffix": "must end in .gguf", "big tokenizer": "the model's vocabulary is"}
     if case == "encoder":
         args["model"] = zoo.get("enc-base", **dict(TINY_DEC, num_kv_heads=4))
     elif case == "backbone":

@@ -19,7 +19,7 @@ from zoo.hub import llama
 from zoo.hub.weights import WEIGHTS
 from zoo.registry import ModelSpec
 
-# GGUF tensor name (or its block part) -> Hugging Face LlamaForCausalLM name; the writer (zoo.hub.gguf_writer) inverts it.
+# GGUF tensor name (or its block part) -> Hugging Face name; zoo.hub.gguf_writer inverts it.
 GGUF_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",

@@ -210,7 +210,7 @@ def write_gguf(model, path, quantize="q8_0", tokenizer=None, bos_token_id=None, 
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     if tokenizer is None:
         raise ValueError("A GGUF file carries its tokenizer, and this model has none: load it from a Hugging Face "
-                         "folder with tokenizer files (zoo.hub.load) or pass tokenizer= (a keras-hub BytePairTokenizer).")
+                         "folder with tokenizer files (zoo.hub.load) or pass tokenizer= (a BytePairTokenizer).")
     spec = model.spec
     vocab = _tokenizer_fields(tokenizer, spec.vocab_size, bos_token_id, eos_token_id)
     check_target(path, overwrite)
