@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from zoo import export_generate
 from zoo.files import atomic_path, check_target
 
 FORMATS = ("saved_model", "tflite")
@@ -142,7 +143,7 @@ def text_packer(model, tokenizer, sequence_length):
 
 # Atomic writes ----------------------------------------------------------------
 # SavedModel -------------------------------------------------------------------
-def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=False) -> Path:
+def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=False, generate=None) -> Path:
     """Write `model`'s inference graph as a SavedModel for TF Serving.
 
     The graph is the inference one (`training=False`), so no recomputation wrapper
@@ -156,6 +157,9 @@ def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=Fal
         tokenizer: a keras-hub tokenizer; adds the `text` signature (strings in,
             tokenized and packed in the graph; loading it needs `tensorflow_text`).
         overwrite: replace an existing export at `path`.
+        generate: add the `generate` signature (and `generate_text` with a tokenizer):
+            generation with a key/value cache inside the graph (zoo.export_generate).
+            Default: for decoder language models.
 
     Returns:
         `path`, written atomically (an earlier export survives a failed one).
@@ -166,6 +170,9 @@ def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=Fal
     """
     serving = serving_model(model)
     length = _exported_length(model, sequence_length)
+    generate = model.task == "causal_lm" if generate is None else generate
+    if generate:
+        export_generate.check_decoder(model)
     check_target(path, overwrite)
     pack = text_packer(model, tokenizer, length) if tokenizer is not None else None
     # Not archive.track(serving): add_endpoint saves the variables the endpoints use, and
@@ -187,6 +194,8 @@ def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=Fal
 
         text_spec = tf.TensorSpec([None], tf.string, name="text")
         archive.add_endpoint(TEXT_SIGNATURE, serve_text, input_signature=[text_spec])
+    if generate:
+        export_generate.add_signatures(archive, model, tokenizer)
     with atomic_path(path, overwrite) as tmp:
         archive.write_out(str(tmp), verbose=False)
     return Path(path)
