@@ -1,0 +1,155 @@
+"""Where the memory of a TFLite export goes: peak RSS of each stage of `zoo.export.tflite`'s
+path (build the model, write the SavedModel the converter reads, load it into the
+converter, convert), for float32 and int8, and the same conversion from the SavedModel
+alone in a fresh process (no Keras model alive).
+
+    python benchmarks/tflite_memory.py                          # dec-base, float32 and int8
+    python benchmarks/tflite_memory.py --models dec-1b --budget-gib 22   # alone, on the 24 GiB machine
+
+Each row runs in its own process, guarded (killed, and reported, past --budget-gib).
+A stage's peak is VmHWM after resetting it (/proc/self/clear_refs) at the stage's start,
+so each stage is measured on its own. Prints a table and one JSON line; the "per weight
+byte" column is (stage peak - RSS before the export) / float32 weight bytes: how many
+float32 copies of the weights the stage holds at once.
+"""
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _harness
+
+GiB = 2**30
+
+
+def _status(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class Stages:
+    """Peak RSS of each stage of the export, measured in this process. Each stage is also
+    appended to a progress file as it starts and ends, so a row the guard kills still says
+    which stage it was in and what the earlier ones took."""
+
+    def __init__(self, progress):
+        self.rows, self.progress = [], Path(progress)
+
+    def run(self, name, fn):
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak (VmHWM) to the current RSS
+        before, start = _status("VmRSS"), time.perf_counter()
+        self._log({"stage": name, "rss_before_gib": before / GiB, "started": True})
+        out = fn()
+        self.rows.append({"stage": name, "rss_before_gib": before / GiB, "peak_gib": _status("VmHWM") / GiB,
+                          "rss_after_gib": _status("VmRSS") / GiB, "seconds": time.perf_counter() - start})
+        self._log(self.rows[-1])
+        return out
+
+    def _log(self, row):
+        with open(self.progress, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def progress_file(folder, name, quantize, mode, layers):
+    return Path(folder) / f"progress-{name}-{layers}-{quantize}-{mode.replace(' ', '_')}.jsonl"
+
+
+def measure(name, quantize, mode, folder, layers=None):
+    import keras
+    import tensorflow as tf
+
+    import zoo
+    from zoo import export
+
+    stages = Stages(progress_file(folder, name, quantize, mode, layers))
+    folder = Path(folder)
+    saved = folder / f"{name}-{layers}"
+    quantize = None if quantize == "float32" else quantize
+    base = _status("VmRSS")
+
+    def converter_for(path):
+        converter = tf.lite.TFLiteConverter.from_saved_model(str(path))
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        if quantize:
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        return converter
+
+    overrides = {"num_layers": layers} if layers else {}
+    if mode == "from_saved_model":  # the SavedModel the export path wrote, converted with no model alive
+        weights = sum(p.stat().st_size for p in (saved / "variables").rglob("*") if p.is_file())
+        converter = stages.run("load SavedModel into converter", lambda: converter_for(saved))
+        flatbuffer = stages.run("convert", converter.convert)
+    else:
+        model = stages.run("build model", lambda: zoo.get(name, **overrides))
+        weights = sum(int(v.numpy().nbytes) for v in model.weights)
+        base = _status("VmRSS")
+        serving = export.serving_model(model)
+        specs = export._input_specs(model, 1, 128)
+
+        def write():
+            archive = keras.export.ExportArchive()
+            archive.add_endpoint("serving_default", lambda x: serving(x, training=False), input_signature=[specs])
+            with export._plain_attention(model):
+                archive.write_out(str(saved), verbose=False)
+
+        stages.run("trace + write SavedModel", write)
+        converter = stages.run("load SavedModel into converter", lambda: converter_for(saved))
+        flatbuffer = stages.run("convert", converter.convert)
+    for row in stages.rows:
+        row["per_weight_byte"] = (row["peak_gib"] * GiB - base) / weights
+    return {"model": name, "layers": layers, "quantize": quantize or "float32", "mode": mode,
+            "weight_bytes": weights, "tflite_bytes": len(flatbuffer), "stages": stages.rows,
+            "peak_rss_gib": _harness.peak_rss_gib()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["dec-base"])
+    parser.add_argument("--quantize", nargs="+", default=["float32", "int8"])
+    parser.add_argument("--layers", type=int, default=None, help="override num_layers (a smaller model)")
+    parser.add_argument("--budget-gib", type=float, default=4.0, help="kill a row whose RSS passes this")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="zoo-tflite-memory-") as folder:
+        for name in args.models:
+            for quantize in args.quantize:
+                for mode in ("export path", "from_saved_model"):
+                    run = _harness.run_child({"name": name, "quantize": quantize, "mode": mode, "folder": folder,
+                                              "layers": args.layers}, budget_bytes=args.budget_gib * GiB)
+                    row = run.result if run.ok else {"model": name, "quantize": quantize, "mode": mode,
+                                                     "status": run.status, "progress": [
+                                                         json.loads(line) for line in progress_file(
+                                                             folder, name, quantize, mode, args.layers
+                                                         ).read_text().splitlines()]}
+                    row["guard_rss_gib"] = run.peak_rss_bytes / GiB
+                    rows.append(row)
+                    print(f"  {name} {quantize} {mode}: {row.get('status', 'ok')}, guard peak "
+                          f"{row['guard_rss_gib']:.2f} GiB", file=sys.stderr)
+    print(f"{os.cpu_count()} CPU cores; peak RSS per stage (GiB), and (peak - RSS before export) / float32 weights")
+    print("| model | quantize | mode | stage | RSS before | peak | RSS after | x weights | s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        for s in r.get("stages", []):
+            print(f"| {r['model']} | {r['quantize']} | {r['mode']} | {s['stage']} | {s['rss_before_gib']:.2f} | "
+                  f"{s['peak_gib']:.2f} | {s['rss_after_gib']:.2f} | {s['per_weight_byte']:.2f} | {s['seconds']:.0f} |")
+        for s in r.get("progress", []):  # a killed row: the stages it finished, and the one it died in
+            cells = (f"{s['peak_gib']:.2f} | {s['rss_after_gib']:.2f} | | {s['seconds']:.0f}" if "peak_gib" in s
+                     else f"{r['status']} above {r['guard_rss_gib']:.2f} | | |")
+            print(f"| {r['model']} | {r['quantize']} | {r['mode']} | {s['stage']} | {s['rss_before_gib']:.2f} | "
+                  f"{cells} |")
+    print(json.dumps({"benchmark": "tflite_memory", "rows": rows}))
+
+
+if __name__ == "__main__":
+    if not _harness.child_main(measure):
+        main()
