@@ -8,9 +8,9 @@ alone in a fresh process (no Keras model alive).
 
 Each row runs in its own process, guarded (killed, and reported, past --budget-gib).
 A stage's peak is VmHWM after resetting it (/proc/self/clear_refs) at the stage's start,
-so each stage is measured on its own. Prints a table and one JSON line; the "per weight
-byte" column is (stage peak - RSS before the export) / float32 weight bytes: how many
-float32 copies of the weights the stage holds at once.
+so each stage is measured on its own. Prints a table and one JSON line; the "x weights"
+column is (stage peak - RSS at the stage's start) / float32 weight bytes: how many float32
+copies of the weights the stage adds at once.
 """
 
 import argparse
@@ -25,6 +25,27 @@ from pathlib import Path
 import _harness
 
 GiB = 2**30
+MODES = ("export path", "from_saved_model", "int8 weights")
+
+
+def weight_only_int8(model):
+    """A prototype, not a zoo feature: every block's Dense kernel stored as int8 (Keras'
+    `quantize("int8")`: per-output-channel abs-max) and dequantized in the graph
+    (`x @ (int8 / scale)`), activations in float. The SavedModel then holds int8 constants, and
+    the converter's copies of them are int8-sized; Keras' own int8 call (int8 activations
+    into an integer matmul) does not convert ('tfl.fully_connected' takes no i8 input)."""
+    from keras import ops
+
+    for block in model.backbone.blocks:
+        att, ffn = block.attention, block.ffn
+        for dense in (att.query_dense, att.key_dense, att.value_dense, att.output_dense, ffn.gate, ffn.up, ffn.down):
+            dense.quantize("int8")
+
+            def call(x, training=None, dense=dense):
+                return ops.matmul(x, ops.cast(dense._kernel, x.dtype) / dense.kernel_scale)
+
+            dense.quantized_call = call
+    return model
 
 
 def _status(key):
@@ -75,7 +96,6 @@ def measure(name, quantize, mode, folder, layers=None):
     folder = Path(folder)
     saved = folder / f"{name}-{layers}"
     quantize = None if quantize == "float32" else quantize
-    base = _status("VmRSS")
 
     def converter_for(path):
         converter = tf.lite.TFLiteConverter.from_saved_model(str(path))
@@ -91,8 +111,9 @@ def measure(name, quantize, mode, folder, layers=None):
         flatbuffer = stages.run("convert", converter.convert)
     else:
         model = stages.run("build model", lambda: zoo.get(name, **overrides))
-        weights = sum(int(v.numpy().nbytes) for v in model.weights)
-        base = _status("VmRSS")
+        weights = sum(int(v.numpy().nbytes) for v in model.weights)  # float32: the "x weights" unit
+        if mode == "int8 weights":
+            stages.run("quantize block kernels to int8", lambda: weight_only_int8(model))
         serving = export.serving_model(model)
         specs = export._input_specs(model, 1, 128)
 
@@ -105,8 +126,8 @@ def measure(name, quantize, mode, folder, layers=None):
         stages.run("trace + write SavedModel", write)
         converter = stages.run("load SavedModel into converter", lambda: converter_for(saved))
         flatbuffer = stages.run("convert", converter.convert)
-    for row in stages.rows:
-        row["per_weight_byte"] = (row["peak_gib"] * GiB - base) / weights
+    for row in stages.rows:  # what the stage itself added at its peak, in float32 copies of the weights
+        row["per_weight_byte"] = (row["peak_gib"] - row["rss_before_gib"]) * GiB / weights
     return {"model": name, "layers": layers, "quantize": quantize or "float32", "mode": mode,
             "weight_bytes": weights, "tflite_bytes": len(flatbuffer), "stages": stages.rows,
             "peak_rss_gib": _harness.peak_rss_gib()}
@@ -123,7 +144,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="zoo-tflite-memory-") as folder:
         for name in args.models:
             for quantize in args.quantize:
-                for mode in ("export path", "from_saved_model"):
+                for mode in MODES if quantize == "int8" else MODES[:2]:
                     run = _harness.run_child({"name": name, "quantize": quantize, "mode": mode, "folder": folder,
                                               "layers": args.layers}, budget_bytes=args.budget_gib * GiB)
                     row = run.result if run.ok else {"model": name, "quantize": quantize, "mode": mode,
@@ -135,7 +156,7 @@ def main():
                     rows.append(row)
                     print(f"  {name} {quantize} {mode}: {row.get('status', 'ok')}, guard peak "
                           f"{row['guard_rss_gib']:.2f} GiB", file=sys.stderr)
-    print(f"{os.cpu_count()} CPU cores; peak RSS per stage (GiB), and (peak - RSS before export) / float32 weights")
+    print(f"{os.cpu_count()} CPU cores; peak RSS per stage (GiB); x weights: (peak - RSS before) / float32 weights")
     print("| model | quantize | mode | stage | RSS before | peak | RSS after | x weights | s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
