@@ -35,14 +35,6 @@ ROWS = ("keras", "saved_model", "tflite float32", "tflite int8", "logits loop")
 TINY = dict(num_layers=2, hidden_dim=64, num_heads=4, num_kv_heads=2, intermediate_dim=128, vocab_size=512)
 
 
-def _status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def timed(fn, runs):
     fn()  # warm-up (tracing, allocation)
     return statistics.median(_once(fn) for _ in range(runs))
@@ -125,7 +117,7 @@ def measure(name, row, folder, prompt_length, new, tiny, runs, threads):
         def run(n):
             return runner.generate(prompt[0], n)
     out["export_seconds"] = time.perf_counter() - start
-    out["export_peak_rss_gib"] = _status("VmHWM") / GiB
+    out["export_peak_rss_gib"] = _harness.status_bytes("VmHWM") / GiB
     out["ttft_s"] = timed(lambda: run(1), runs)
     full = timed(lambda: run(new), max(1, runs // 2))
     out["tokens_per_s"] = (new - 1) / (full - out["ttft_s"]) if full > out["ttft_s"] and new > 1 else None

@@ -48,14 +48,6 @@ def weight_only_int8(model):
     return model
 
 
-def _status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 class Stages:
     """Peak RSS of each stage of the export, measured in this process. Each stage is also
     appended to a progress file as it starts and ends, so a row the guard kills still says
@@ -68,11 +60,12 @@ class Stages:
         gc.collect()
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the peak (VmHWM) to the current RSS
-        before, start = _status("VmRSS"), time.perf_counter()
+        before, start = _harness.status_bytes("VmRSS"), time.perf_counter()
         self._log({"stage": name, "rss_before_gib": before / GiB, "started": True})
         out = fn()
-        self.rows.append({"stage": name, "rss_before_gib": before / GiB, "peak_gib": _status("VmHWM") / GiB,
-                          "rss_after_gib": _status("VmRSS") / GiB, "seconds": time.perf_counter() - start})
+        peak, after = _harness.status_bytes("VmHWM"), _harness.status_bytes("VmRSS")
+        self.rows.append({"stage": name, "rss_before_gib": before / GiB, "peak_gib": peak / GiB,
+                          "rss_after_gib": after / GiB, "seconds": time.perf_counter() - start})
         self._log(self.rows[-1])
         return out
 
