@@ -72,17 +72,17 @@ def generate_graph(model, token_ids, padding_mask, settings) -> dict:
     right_padded = tf.reduce_all(tf.equal(mask, tf.sequence_mask(lengths, tf.shape(mask)[1])))
     checks = _checked(model, lengths, settings) + [tf.debugging.Assert(right_padded, [
         "Prompts must be right-padded: each padding_mask row is 1s (the prompt) then 0s."])]
-    with tf.control_dependencies(checks):
-        longest = tf.reduce_max(lengths)
+    with tf.control_dependencies(checks):  # everything below waits for the checks
+        longest, new = tf.reduce_max(lengths), tf.identity(settings["max_new_tokens"])
     batch = tf.shape(token_ids)[0]
-    pad = tf.zeros([batch, settings["max_new_tokens"]], tf.int32)
+    pad = tf.zeros([batch, new], tf.int32)
     buffer = tf.concat([tf.where(mask, token_ids, 0)[:, :longest], pad], axis=1)
     prompt_mask = tf.concat([mask[:, :longest], tf.cast(pad, tf.bool)], axis=1)
     sampler = SettingsSampler(sampler_id(settings["sampler"]), settings["top_k"], settings["top_p"],
                               settings["temperature"], settings["seed"])
     end = settings["end_token_id"]
     out = generation.cached_loop(model, sampler, buffer, prompt_mask, tf.reduce_min(lengths), stop_token_ids=[end])
-    tokens, ends = generation.trim(out, lengths, settings["max_new_tokens"], end[None])
+    tokens, ends = generation.trim(out, lengths, new, end[None])
     return {"token_ids": tokens, "lengths": ends}
 
 

@@ -319,7 +319,7 @@ def test_interrupted_export_leaves_the_earlier_one(encoder, tmp_path, monkeypatc
         assert Path(path).read_bytes() == b"new flatbuffer" and Path(path) != earlier  # a temporary sibling
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(export, "_convert", lambda serving, specs, quantize: b"new flatbuffer")
+    monkeypatch.setattr(export, "_convert", lambda endpoints, quantize: b"new flatbuffer")
     monkeypatch.setattr(export, "run_tflite", check_dies)
     for path, overwrite in ((earlier, True), (tmp_path / "new.tflite", False)):
         with pytest.raises(KeyboardInterrupt):

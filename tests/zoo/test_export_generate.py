@@ -93,6 +93,7 @@ def served(tmp_path_factory):
     requests = {f"generate/{name}": {"token_ids": ids, "padding_mask": mask, **settings(name)} for name in SETTINGS}
     requests["generate/end"] = {"token_ids": ids, "padding_mask": mask, **settings("temperature", end=end)}
     requests["generate/too_long"] = {"token_ids": ids, "padding_mask": mask, **settings("greedy", new=LIMIT)}
+    requests["generate/no_new_tokens"] = {"token_ids": ids, "padding_mask": mask, **settings("greedy", new=-1)}
     requests["generate/left_padded"] = {"token_ids": ids, "padding_mask": mask[:, ::-1].copy(), **settings("greedy")}
     requests["generate/bad_sampler"] = {"token_ids": ids, "padding_mask": mask,
                                         **settings("greedy"), "sampler": np.bytes_("beam")}
@@ -156,6 +157,7 @@ def test_generate_text_equals_zoo_generation_on_text(served, name):
 
 @pytest.mark.parametrize("request_name, message", [
     ("too_long", f"exceeds the {LIMIT} positions of this model"), ("left_padded", "must be right-padded"),
+    ("no_new_tokens", "max_new_tokens must be >= 1"),
     ("bad_sampler", "Unknown sampler; use one of greedy, top_k, top_p, temperature")])
 def test_bad_requests_get_an_error_naming_the_fix(served, request_name, message):
     assert message in served["info"]["errors"][request_name]
