@@ -30,7 +30,7 @@ from tools.assets import fetch
 
 __all__ = [
     "GiB", "ChildRun", "PeakMemory", "available_bytes", "child_main", "fetch", "peak_rss_gib", "print_metrics",
-    "run_child", "run_if_it_fits", "training_flags", "zoo_cli",
+    "run_child", "run_if_it_fits", "status_bytes", "training_flags", "zoo_cli",
 ]
 
 GiB = 2**30
@@ -66,10 +66,16 @@ class ChildRun:
 
 def rss_bytes(pid: int) -> int:
     """Resident memory of a running process (0 once it has gone)."""
+    return status_bytes("VmRSS", pid)
+
+
+def status_bytes(key: str, pid="self") -> int:
+    """A memory line of /proc/PID/status in bytes ("VmRSS", "VmHWM": the peak since start or since
+    it was reset by writing 5 to /proc/self/clear_refs); 0 once the process has gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except FileNotFoundError:
         pass

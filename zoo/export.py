@@ -27,6 +27,8 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from zoo import export_generate
+from zoo.export_size import check_flatbuffer
 from zoo.files import atomic_path, check_target
 
 FORMATS = ("saved_model", "tflite")
@@ -142,7 +144,7 @@ def text_packer(model, tokenizer, sequence_length):
 
 # Atomic writes ----------------------------------------------------------------
 # SavedModel -------------------------------------------------------------------
-def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=False) -> Path:
+def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=False, generate=None) -> Path:
     """Write `model`'s inference graph as a SavedModel for TF Serving.
 
     The graph is the inference one (`training=False`), so no recomputation wrapper
@@ -156,6 +158,9 @@ def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=Fal
         tokenizer: a keras-hub tokenizer; adds the `text` signature (strings in,
             tokenized and packed in the graph; loading it needs `tensorflow_text`).
         overwrite: replace an existing export at `path`.
+        generate: add the `generate` signature (and `generate_text` with a tokenizer):
+            generation with a key/value cache inside the graph (zoo.export_generate).
+            Default: for decoder language models.
 
     Returns:
         `path`, written atomically (an earlier export survives a failed one).
@@ -166,6 +171,9 @@ def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=Fal
     """
     serving = serving_model(model)
     length = _exported_length(model, sequence_length)
+    generate = model.task == "causal_lm" if generate is None else generate
+    if generate:
+        export_generate.check_decoder(model)
     check_target(path, overwrite)
     pack = text_packer(model, tokenizer, length) if tokenizer is not None else None
     # Not archive.track(serving): add_endpoint saves the variables the endpoints use, and
@@ -187,6 +195,8 @@ def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=Fal
 
         text_spec = tf.TensorSpec([None], tf.string, name="text")
         archive.add_endpoint(TEXT_SIGNATURE, serve_text, input_signature=[text_spec])
+    if generate:
+        export_generate.add_signatures(archive, model, tokenizer)
     with atomic_path(path, overwrite) as tmp:
         archive.write_out(str(tmp), verbose=False)
     return Path(path)
@@ -249,8 +259,9 @@ def compare(reference: dict, outputs: dict) -> dict:
     return report
 
 
-def _convert(serving, specs, quantize) -> bytes:
-    """The serving graph as a .tflite flatbuffer, built-in ops only.
+def _convert(endpoints: dict, quantize) -> bytes:
+    """Functions (name -> (fn taking one dict of inputs, its dict of TensorSpecs)) as one .tflite
+    flatbuffer with a signature each, built-in ops only.
 
     Like keras' `export(format="litert")` (ExportArchive -> SavedModel -> converter),
     but without tracking the model, which saves every weight twice and, for a
@@ -259,11 +270,12 @@ def _convert(serving, specs, quantize) -> bytes:
     import tempfile
 
     archive = keras.export.ExportArchive()
-    archive.add_endpoint("serving_default", lambda inputs: serving(inputs, training=False), input_signature=[specs])
+    for name, (fn, specs) in endpoints.items():
+        archive.add_endpoint(name, fn, input_signature=[specs])
     with tempfile.TemporaryDirectory() as folder:
         archive.write_out(folder, verbose=False)
         del archive
-        converter = tf.lite.TFLiteConverter.from_saved_model(folder)
+        converter = tf.lite.TFLiteConverter.from_saved_model(folder, signature_keys=list(endpoints))
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
         if quantize is not None:
             converter.optimizations = [tf.lite.Optimize.DEFAULT]  # alone: int8 weights, float activations
@@ -321,10 +333,12 @@ def tflite(model, path, quantize=None, batch_size=1, sequence_length=128, overwr
         raise ValueError(f"A TFLite file name must end in .tflite, got {str(path)!r}.")
     serving = serving_model(model)
     length = _exported_length(model, min(sequence_length, model.spec.max_sequence_length))
+    check_flatbuffer(model, quantize)  # the 2 GB flatbuffer limit, before any conversion work
     check_target(path, overwrite)
     specs = _input_specs(model, batch_size, length)
     with atomic_path(path, overwrite) as tmp, _plain_attention(model):
-        tmp.write_bytes(_convert(serving, specs, quantize))
+        tmp.write_bytes(_convert({"serving_default": (lambda inputs: serving(inputs, training=False), specs)},
+                                 quantize))
         batch = parity_batch(model, batch_size, length)
         reference = {name: np.asarray(value) for name, value in serving(batch, training=False).items()}
         report = ParityReport(str(path), quantize or "float32", tmp.stat().st_size, (batch_size, length),

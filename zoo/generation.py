@@ -44,19 +44,26 @@ def _check_decoder(model):
         raise ValueError("generate() needs a decoder language model: zoo.get('dec-...', task='causal_lm').")
 
 
+def cached_loop(model, sampler, buffer, mask, prompt_length, stop_token_ids=None):
+    """(buffer [B, T], prompt mask [B, T], shortest prompt length) -> filled buffer: prefill the
+    shortest prompt, then the sampler's loop over `call_with_cache`. Graph code, shared by
+    `generate` (traced below) and the SavedModel `generate` signature (zoo.export_generate)."""
+    cache = model.init_cache(tf.shape(buffer)[0], tf.shape(buffer)[1])
+    _, _, cache = model.call_with_cache(buffer[:, :prompt_length], cache, 0)  # prefill
+
+    def next_logits(prompt, cache, index):
+        logits, _, cache = model.call_with_cache(prompt[:, index - 1:index], cache, index - 1)
+        return logits[:, -1], None, cache
+
+    return sampler(next_logits, buffer, cache=cache, index=prompt_length, mask=mask, stop_token_ids=stop_token_ids)
+
+
 def _cached_decode(model, sampler):
     """A tf.function: (buffer [B, T], prompt mask [B, T], prompt length) -> filled buffer."""
 
     @tf.function(reduce_retracing=True, autograph=False)
     def run(buffer, mask, prompt_length):
-        cache = model.init_cache(tf.shape(buffer)[0], tf.shape(buffer)[1])
-        _, _, cache = model.call_with_cache(buffer[:, :prompt_length], cache, 0)  # prefill
-
-        def next_logits(prompt, cache, index):
-            logits, _, cache = model.call_with_cache(prompt[:, index - 1:index], cache, index - 1)
-            return logits[:, -1], None, cache
-
-        return sampler(next_logits, buffer, cache=cache, index=prompt_length, mask=mask)
+        return cached_loop(model, sampler, buffer, mask, prompt_length)
 
     return run
 
@@ -150,10 +157,10 @@ def generate(model, prompt, max_new_tokens=32, sampler="greedy", seed=None, toke
         mask[i, :len(row)] = True
     run = _compiled(model, sampler, seed, use_cache, sampler_args)
     run = run if compile else run.python_function
-    out = np.array(run(tf.constant(buffer), tf.constant(mask), tf.constant(min(lengths), tf.int32)))
-    ends = _ends(out, lengths, max_new_tokens, stop_token_ids)
-    for row, end in zip(out, ends):  # a shorter prompt ran further, a stop token ends a row: pad with 0
-        row[end:] = 0
+    out = run(tf.constant(buffer), tf.constant(mask), tf.constant(min(lengths), tf.int32))
+    # a shorter prompt ran further, a stop token ends a row: pad with 0
+    out, ends = (np.array(t) for t in trim(out, tf.constant(lengths, tf.int32), max_new_tokens,
+                                            tf.constant(list(stop_token_ids or ()), tf.int32)))
     if not text:
         return out
     texts = [detokenize(tokenizer, row[:end]) for row, end in zip(out, ends)]
@@ -232,14 +239,16 @@ def _compiled(model, sampler, seed, use_cache, sampler_args):
     return run
 
 
-def _ends(out, lengths, max_new_tokens, stop_token_ids):
-    """Where each row's output ends: its own max_new_tokens, or just after its first generated stop token."""
-    ends = []
-    for row, length in zip(out, lengths):
-        new = row[length:length + max_new_tokens]
-        hits = np.flatnonzero(np.isin(new, stop_token_ids)) if stop_token_ids is not None else []
-        ends.append(length + (hits[0] + 1 if len(hits) else max_new_tokens))
-    return ends
+def trim(tokens, lengths, max_new_tokens, stop_token_ids):
+    """Each row of `tokens` [B, T] cut after its own `max_new_tokens` new tokens (it starts at
+    `lengths` [B]) or just after its first generated stop token (`stop_token_ids` [N], maybe
+    empty), zeros after: (tokens, ends [B]). Graph code, shared with the exported signatures."""
+    positions = tf.range(tf.shape(tokens)[1])[None, :]
+    first, last = lengths[:, None], lengths[:, None] + max_new_tokens
+    stops = tf.reduce_any(tokens[:, :, None] == tf.cast(stop_token_ids, tokens.dtype)[None, None, :], axis=-1)
+    stops = stops & (positions >= first) & (positions < last)
+    ends = tf.minimum(tf.reduce_min(tf.where(stops, positions + 1, tf.shape(tokens)[1] + 1), axis=1), last[:, 0])
+    return tf.where(positions < ends[:, None], tokens, tf.zeros_like(tokens)), ends
 
 
 def detokenize(tokenizer, ids) -> str:

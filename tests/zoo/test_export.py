@@ -114,7 +114,8 @@ def served(request, tmp_path_factory, tokenizer):
     keras.utils.set_random_seed(0)
     model = FAMILIES[family]()
     tmp = tmp_path_factory.mktemp(family)
-    path = export.saved_model(model, tmp / "model", sequence_length=SEQ + 4, tokenizer=tokenizer)
+    # generate=False: the decoder's generate signatures are tested in test_export_generate.py (~1 min to trace)
+    path = export.saved_model(model, tmp / "model", sequence_length=SEQ + 4, tokenizer=tokenizer, generate=False)
     signatures, _ = signature_defs(path)
     batch = batch_for(model)
     arrays = {"serving_default": batch, export.TEXT_SIGNATURE: {"text": np.array(TEXTS, dtype=object)}}
@@ -318,7 +319,7 @@ def test_interrupted_export_leaves_the_earlier_one(encoder, tmp_path, monkeypatc
         assert Path(path).read_bytes() == b"new flatbuffer" and Path(path) != earlier  # a temporary sibling
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(export, "_convert", lambda serving, specs, quantize: b"new flatbuffer")
+    monkeypatch.setattr(export, "_convert", lambda endpoints, quantize: b"new flatbuffer")
     monkeypatch.setattr(export, "run_tflite", check_dies)
     for path, overwrite in ((earlier, True), (tmp_path / "new.tflite", False)):
         with pytest.raises(KeyboardInterrupt):

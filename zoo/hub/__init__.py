@@ -6,7 +6,8 @@ zoo variables, tokenizer files <-> keras-hub tokenizers.
     zoo.hub.push(model, "me/my-model")
 
 One module per concern: `bert.py` and `llama.py` (one per family), `weights.py`
-(safetensors, streaming and shards), `tokenizers.py`, `gguf.py` (llama.cpp files).
+(safetensors, streaming and shards), `tokenizers.py`, `gguf.py` (llama.cpp files in) and
+`gguf_writer.py` (out).
 
 A family module exposes:
     FAMILY, MODEL_TYPE        the zoo family and Hugging Face `model_type`
@@ -32,6 +33,7 @@ from zoo import registry
 from zoo.files import atomic_path
 from zoo.hub import bert, llama, weights
 from zoo.hub.gguf import convert_gguf
+from zoo.hub.gguf_writer import write_gguf
 from zoo.hub.tokenizers import load_tokenizer, read_json, save_tokenizer
 from zoo.hub.weights import INDEX, WEIGHTS, Entry
 from zoo.models import build
@@ -341,5 +343,5 @@ def push(model, repo_id, tokenizer=None, private=None, token=None, commit_messag
 __all__ = [
     "ARCHITECTURES", "FAMILIES", "INDEX", "WEIGHTS", "Entry", "config_from_spec", "convert_gguf", "load",
     "load_tokenizer", "load_weights", "match_registered", "local_folder", "push", "save", "save_tokenizer",
-    "spec_from_config", "weight_map",
+    "spec_from_config", "weight_map", "write_gguf",
 ]
