@@ -7,7 +7,7 @@ time to first token and tokens/s, at batch 1, prompt 128, 128 new tokens (random
 Rows, each in its own guarded process (from one saved .keras file, so all rows share weights):
     keras           zoo.generation.generate (cached, compiled): the reference
     saved_model     the SavedModel's `generate` signature, loaded with tf.saved_model.load
-    tflite float32  prefill/decode signatures (zoo.export_litert), ai_edge_litert
+    tflite float32  prefill/decode signatures (zoo.export.litert), ai_edge_litert
     tflite int8     the same with int8 weights
     logits loop     today's logits-only SavedModel (`serving_default`), called from Python
                     once per token on the whole prefix: the baseline this issue replaces
@@ -58,7 +58,7 @@ def measure(name, row, folder, prompt_length, new, tiny, runs, threads):
     import tensorflow as tf
 
     import zoo
-    from zoo import export, export_litert, generation
+    from zoo import export, generation
 
     folder = Path(folder)
     source = folder / f"{name}.keras"
@@ -105,14 +105,14 @@ def measure(name, row, folder, prompt_length, new, tiny, runs, threads):
                 return ids
     else:
         quantize = row.split()[1]
-        result = export_litert.tflite_generator(model, folder / f"{name}_{quantize}.tflite",
+        result = export.tflite_generator(model, folder / f"{name}_{quantize}.tflite",
                                                 quantize=None if quantize == "float32" else quantize,
                                                 prefill_length=prompt_length, cache_length=prompt_length + new,
                                                 overwrite=True)
         out["bytes"], out["estimated_bytes"] = result.size_bytes, result.estimated_bytes
         del model
         gc.collect()
-        runner = export_litert.LiteRTGenerator(result.path, num_threads=threads)
+        runner = export.LiteRTGenerator(result.path, num_threads=threads)
 
         def run(n):
             return runner.generate(prompt[0], n)

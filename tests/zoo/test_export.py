@@ -18,6 +18,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 import zoo
 from zoo import export
+from zoo.export import convert, tflite_file
 
 TINY = dict(num_layers=2, hidden_dim=64, num_heads=4, intermediate_dim=128, vocab_size=120, max_sequence_length=32)
 FAMILIES = {
@@ -319,8 +320,8 @@ def test_interrupted_export_leaves_the_earlier_one(encoder, tmp_path, monkeypatc
         assert Path(path).read_bytes() == b"new flatbuffer" and Path(path) != earlier  # a temporary sibling
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(export, "_convert", lambda endpoints, quantize: b"new flatbuffer")
-    monkeypatch.setattr(export, "run_tflite", check_dies)
+    monkeypatch.setattr(convert, "convert", lambda endpoints, quantize: b"new flatbuffer")
+    monkeypatch.setattr(tflite_file, "run_tflite", check_dies)
     for path, overwrite in ((earlier, True), (tmp_path / "new.tflite", False)):
         with pytest.raises(KeyboardInterrupt):
             export.tflite(encoder, path, overwrite=overwrite, sequence_length=8)

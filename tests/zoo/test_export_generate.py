@@ -1,4 +1,4 @@
-"""The SavedModel `generate` and `generate_text` signatures (zoo.export_generate), run by a
+"""The SavedModel `generate` and `generate_text` signatures (zoo.export.generate), run by a
 fresh process in which keras, keras_hub and zoo cannot be imported, against
 `zoo.generation.generate` in this one: greedy, seeded top-k / top-p / temperature, two
 prompts of different lengths, an end token in one row, text in and out."""

@@ -5,8 +5,8 @@
 The prompt runs through the blocks once and fills a [B, 2, T, KV, D] cache per
 block (`DecoderCausalLM.call_with_cache`); every further token then costs one position.
 The decode loop and the sampling are keras-hub's `Sampler` (greedy, top-k, top-p,
-temperature),
-compiled with `tf.function` once per (batch, prompt length, total length).
+temperature; zoo.generation.sampling), compiled with `tf.function` once per (batch,
+prompt length, total length).
 `use_cache=False` reruns the whole prefix for each token: the baseline the
 benchmark compares against.
 """
@@ -16,27 +16,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-SAMPLERS = ("greedy", "top_k", "top_p", "temperature")
-
-
-def make_sampler(sampler="greedy", seed=None, top_k=50, top_p=0.9, temperature=1.0):
-    """A keras-hub sampler from a name: "greedy", "top_k"/"top-k", "top_p"/"top-p", or
-    "temperature" (also "random": keras-hub's `RandomSampler`, a draw from the whole
-    softmax(logits / temperature))."""
-    import keras_hub
-
-    if not isinstance(sampler, str):
-        return sampler  # already a keras_hub.samplers.Sampler
-    name = sampler.replace("-", "_")
-    if name == "greedy":
-        return keras_hub.samplers.GreedySampler()
-    if name == "top_k":
-        return keras_hub.samplers.TopKSampler(k=top_k, seed=seed, temperature=temperature)
-    if name == "top_p":
-        return keras_hub.samplers.TopPSampler(p=top_p, seed=seed, temperature=temperature)
-    if name in ("temperature", "random"):
-        return keras_hub.samplers.RandomSampler(seed=seed, temperature=temperature)
-    raise ValueError(f"Unknown sampler {sampler!r}; known: {', '.join(SAMPLERS)} (or a keras_hub sampler).")
+from zoo.generation.sampling import SAMPLERS, make_sampler
 
 
 def _check_decoder(model):
@@ -47,7 +27,7 @@ def _check_decoder(model):
 def cached_loop(model, sampler, buffer, mask, prompt_length, stop_token_ids=None):
     """(buffer [B, T], prompt mask [B, T], shortest prompt length) -> filled buffer: prefill the
     shortest prompt, then the sampler's loop over `call_with_cache`. Graph code, shared by
-    `generate` (traced below) and the SavedModel `generate` signature (zoo.export_generate)."""
+    `generate` (traced below) and the SavedModel `generate` signature (zoo.export.generate)."""
     cache = model.init_cache(tf.shape(buffer)[0], tf.shape(buffer)[1])
     _, _, cache = model.call_with_cache(buffer[:, :prompt_length], cache, 0)  # prefill
 
@@ -256,3 +236,6 @@ def detokenize(tokenizer, ids) -> str:
     value = tokenizer.detokenize(np.asarray(ids, "int32"))
     value = np.asarray(value).item() if np.ndim(value) == 0 else value
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+__all__ = ["SAMPLERS", "cached_loop", "detokenize", "generate", "make_sampler", "stream", "trim"]

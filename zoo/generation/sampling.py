@@ -1,18 +1,9 @@
-"""A keras-hub sampler whose settings are tensors, for generation inside exported graphs.
-
-An exported `generate` signature takes the sampler ("greedy", "top_k", "top_p",
-"temperature"), k, p, the temperature and a seed as inputs, so they cannot be
-Python constants of a sampler object built at export time. `SettingsSampler` is a
-`keras_hub.samplers.Sampler` (keras-hub's decode loop, stop tokens included) whose
-`get_next_token` runs the chosen keras-hub sampler's own `get_next_token` on the
-settings given as tensors.
-
-Seeds are stateless, so one request never changes the next: draw i (the i-th
-position of the loop) uses the seed pair [seed, i], which is exactly what a keras-hub
-sampler built with `SeedGenerator(seed)` draws in turn (its state starts at [seed, 0]
-and each draw adds [0, 1]; on TensorFlow every draw is `stateless_categorical`).
-`zoo.generation.generate` resets its sampler to [seed, 0] before each call, so a
-seeded `generate` and the exported graph draw the same tokens.
+"""keras-hub's samplers by name (`make_sampler`, what `zoo.generation.generate` draws with),
+and `SettingsSampler`: one whose settings are tensors, for an exported `generate` signature
+that takes the sampler, k, p, the temperature and a seed as inputs. Its draws are
+stateless, [seed, draw number], which is what a keras-hub sampler built with
+`SeedGenerator(seed)` draws in turn; so a seeded `generate` and the exported graph draw
+the same tokens (docs/design-notes.md, "Generation in exports").
 """
 
 from __future__ import annotations
@@ -23,7 +14,26 @@ import keras
 import keras_hub
 import tensorflow as tf
 
-SAMPLER_IDS = {"greedy": 0, "top_k": 1, "top_p": 2, "temperature": 3}
+SAMPLERS = ("greedy", "top_k", "top_p", "temperature")
+SAMPLER_IDS = {name: i for i, name in enumerate(SAMPLERS)}
+
+
+def make_sampler(sampler="greedy", seed=None, top_k=50, top_p=0.9, temperature=1.0):
+    """A keras-hub sampler from a name: "greedy", "top_k"/"top-k", "top_p"/"top-p", or
+    "temperature" (also "random": keras-hub's `RandomSampler`, a draw from the whole
+    softmax(logits / temperature))."""
+    if not isinstance(sampler, str):
+        return sampler  # already a keras_hub.samplers.Sampler
+    name = sampler.replace("-", "_")
+    if name == "greedy":
+        return keras_hub.samplers.GreedySampler()
+    if name == "top_k":
+        return keras_hub.samplers.TopKSampler(k=top_k, seed=seed, temperature=temperature)
+    if name == "top_p":
+        return keras_hub.samplers.TopPSampler(p=top_p, seed=seed, temperature=temperature)
+    if name in ("temperature", "random"):
+        return keras_hub.samplers.RandomSampler(seed=seed, temperature=temperature)
+    raise ValueError(f"Unknown sampler {sampler!r}; known: {', '.join(SAMPLERS)} (or a keras_hub sampler).")
 
 
 class _DrawSeed(keras.random.SeedGenerator):

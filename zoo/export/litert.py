@@ -10,11 +10,11 @@ P (the prefill length), T (the cache length) and B are fixed at export, as TFLit
 both signatures are `call_with_cache` (the decoder's one cached forward pass) on the
 plain attention core, built-in ops only. A prompt shorter than P is right-padded (the
 padded positions' keys are overwritten by the decode steps before any query sees
-them); a longer one is prefilled in chunks of P. Weights can be int8 (the converter's
-dynamic-range quantization: int8 weights, float activations).
+them); a longer one is prefilled in chunks of P. Weights can be int8 (float activations;
+made as zoo.export.convert says).
 
-    export_litert.tflite_generator(model, "dec-base.tflite", quantize="int8", prefill_length=64)
-    LiteRTGenerator("dec-base.tflite").generate([[1, 2, 3]], max_new_tokens=16)  # greedy
+    zoo.export.tflite_generator(model, "dec-base.tflite", quantize="int8", prefill_length=64)
+    zoo.export.LiteRTGenerator("dec-base.tflite").generate([[1, 2, 3]], max_new_tokens=16)  # greedy
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import numpy as np
 import tensorflow as tf
 
 from zoo import generation
-from zoo.export_size import check_flatbuffer
+from zoo.export.convert import check_quantize, resolve_int8_mode, write_flatbuffer
+from zoo.export.size import check_flatbuffer
 from zoo.files import atomic_path, check_target
 
 SIGNATURES = ("prefill", "decode")
@@ -41,6 +42,7 @@ class LiteRTExport:
     batch_size: int
     prefill_length: int
     cache_length: int
+    int8_mode: str = None  # how an int8 file was made (zoo.export.convert)
 
 
 def cache_names(model) -> list[str]:
@@ -86,8 +88,15 @@ def check_lengths(model, prefill_length, cache_length, batch_size):
         raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
 
 
+def generator_endpoints(model, batch_size, prefill_length, cache_length) -> dict:
+    """The file's two signatures at their fixed shapes, both the same step function."""
+    step = step_function(model)
+    return {"prefill": (step, _specs(model, batch_size, prefill_length, cache_length)),
+            "decode": (step, _specs(model, batch_size, 1, cache_length))}
+
+
 def tflite_generator(model, path, quantize=None, prefill_length=128, cache_length=None, batch_size=1,
-                     overwrite=False) -> LiteRTExport:
+                     overwrite=False, int8_mode="auto") -> LiteRTExport:
     """Write a decoder as a .tflite file with `prefill` and `decode` signatures (see the module).
 
     Args:
@@ -99,6 +108,7 @@ def tflite_generator(model, path, quantize=None, prefill_length=128, cache_lengt
             min(model maximum, 1024).
         batch_size: rows per call (B); rows of one batch share their positions.
         overwrite: replace an existing file.
+        int8_mode: "auto", "dynamic_range" or "weight_only", as `zoo.export.tflite`.
 
     Returns:
         A `LiteRTExport` (the file's size and the size estimated before converting).
@@ -106,26 +116,23 @@ def tflite_generator(model, path, quantize=None, prefill_length=128, cache_lengt
     Example:
     >>> tflite_generator(zoo.get("dec-base"), "dec-base-int8.tflite", quantize="int8", prefill_length=128)
     """
-    from zoo import export
-
     if getattr(model, "task", None) != "causal_lm":
         raise ValueError(f"prefill/decode signatures need a decoder language model (task 'causal_lm'); "
                          f"got {getattr(model, 'task', None)!r}. Export zoo.get('dec-...').")
-    if quantize not in (None, *export.QUANTIZATIONS):
-        raise ValueError(f"Unknown quantization {quantize!r}; use None, {', '.join(map(repr, export.QUANTIZATIONS))}.")
+    check_quantize(quantize, int8_mode)
     if Path(path).suffix != ".tflite":
         raise ValueError(f"A TFLite file name must end in .tflite, got {str(path)!r}.")
     cache_length = cache_length or min(model.spec.max_sequence_length, 1024)
     check_lengths(model, prefill_length, cache_length, batch_size)
     estimate = check_flatbuffer(model, quantize)  # the 2 GB limit, before any conversion work
     check_target(path, overwrite)
-    step = step_function(model)
-    endpoints = {"prefill": (step, _specs(model, batch_size, prefill_length, cache_length)),
-                 "decode": (step, _specs(model, batch_size, 1, cache_length))}
-    with atomic_path(path, overwrite) as tmp, export._plain_attention(model):
-        tmp.write_bytes(export._convert(endpoints, quantize))
+    mode = resolve_int8_mode(model, quantize, int8_mode)
+    shape = {"batch_size": batch_size, "prefill_length": prefill_length, "cache_length": cache_length}
+    with atomic_path(path, overwrite) as tmp:
+        write_flatbuffer(model, generator_endpoints, shape, tmp, quantize, mode)
         size = tmp.stat().st_size
-    return LiteRTExport(str(path), quantize or "float32", size, estimate, batch_size, prefill_length, cache_length)
+    return LiteRTExport(str(path), quantize or "float32", size, estimate, batch_size, prefill_length, cache_length,
+                        mode)
 
 
 class LiteRTGenerator:
@@ -138,7 +145,7 @@ class LiteRTGenerator:
         signatures = self.interpreter.get_signature_list()
         if sorted(signatures) != sorted(SIGNATURES):
             raise ValueError(f"{path} has signatures {sorted(signatures)}, not prefill and decode; write it with "
-                             "zoo.export_litert.tflite_generator.")
+                             "zoo.export.tflite_generator.")
         self.prefill = self.interpreter.get_signature_runner("prefill")
         self.decode = self.interpreter.get_signature_runner("decode")
         inputs = self.prefill.get_input_details()

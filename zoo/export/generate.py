@@ -1,22 +1,8 @@
-"""Generation inside a SavedModel: the `generate` and `generate_text` signatures of a
-decoder's export (`zoo.export.saved_model`), so a TF Serving client sends a prompt once
-and gets the continuation, instead of calling a logits signature once per token.
-
-    generate       token_ids [B, T], padding_mask [B, T] (right-padded prompts),
-                   max_new_tokens, sampler, top_k, top_p, temperature, seed, end_token_id
-                   -> token_ids [B, longest prompt + max_new_tokens], lengths [B]
-    generate_text  text [B] and the same settings -> text [B] (prompt + continuation),
-                   token_ids, lengths (the tokenizer runs in the graph: tensorflow-text)
-
-Both are `zoo.generation`'s own graph code: the prompt is prefilled into a key/value
-cache and keras-hub's sampler loop (a `tf.while_loop`) runs `call_with_cache` one
-position at a time (`zoo.generation.cached_loop`); rows are cut after their own
-`max_new_tokens` or their first end token and padded with 0 (`zoo.generation.trim`).
-The sampler settings are inputs (`zoo.sampling.SettingsSampler`): "greedy", "top_k",
-"top_p" or "temperature", with stateless seeded draws, so the same request gives the
-same tokens, equal to `zoo.generation.generate(..., seed=seed)`. `end_token_id` -1
-means no end token; `top_k`, `top_p` and `temperature` are read only by the samplers
-that use them (greedy ignores the temperature, as in zoo.generation).
+"""The `generate` and `generate_text` signatures of a decoder's SavedModel, so a TF Serving
+client sends a prompt once and gets the continuation: the prompt is prefilled into a
+key/value cache and keras-hub's sampler loop runs `call_with_cache` inside the graph
+(`zoo.generation.cached_loop`), the sampler settings and a seed being inputs
+(`zoo.generation.sampling.SettingsSampler`). Inputs and outputs: docs/export.md.
 """
 
 from __future__ import annotations
@@ -24,7 +10,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from zoo import generation
-from zoo.sampling import SettingsSampler, sampler_id
+from zoo.generation.sampling import SettingsSampler, sampler_id
 
 GENERATE_SIGNATURE = "generate"
 GENERATE_TEXT_SIGNATURE = "generate_text"
