@@ -40,8 +40,8 @@ class ParityReport:
                 "max_abs": self.max_abs, "max_rel": self.max_rel}
 
     def __str__(self):
-        how = f" {self.int8_mode}" if self.int8_mode else ""
-        rows = [f"{self.path} ({self.quantize}{how}, {self.size_bytes / 2**20:.1f} MiB), batch {self.batch_shape}"]
+        how = f", {self.int8_mode}" if self.int8_mode else ""
+        rows = [f"{self.path} ({self.quantize}, {self.size_bytes / 2**20:.1f} MiB{how}), batch {self.batch_shape}"]
         rows += [f"  {name:20s} max abs {o['max_abs']:.3g}  max rel {o['max_rel']:.3g}"
                  for name, o in self.outputs.items()]
         return "\n".join(rows)
