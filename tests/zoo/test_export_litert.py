@@ -110,12 +110,10 @@ def test_bad_input_is_refused_with_the_fix(case, message, model, files, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_size_estimate_bounds_the_files(model, files, tmp_path):
+def test_the_size_estimate_bounds_the_files(files):
     """Known before converting: each file is at most the estimate, and the estimate is at most its
-    allowance for the graph (1 MiB) above the file."""
-    files = dict(files)
-    files["float16"] = export.tflite_generator(model, tmp_path / "f16.tflite", quantize="float16",
-                                                      prefill_length=PREFILL, cache_length=CACHE)
+    allowance for the graph (1 MiB) above the file (float16, 2 bytes a weight, was checked so once;
+    converting it costs ~4 s, so the test keeps the float32 and int8 files it has)."""
     for quantize, result in files.items():
         assert result.size_bytes <= result.estimated_bytes <= result.size_bytes + size.OVERHEAD, quantize
 

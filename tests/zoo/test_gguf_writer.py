@@ -12,6 +12,7 @@ query/key rows and builds the tokenizer from the metadata with its own code, so:
 Where torch and transformers are installed, a fresh export is also loaded directly.
 """
 
+import functools
 import hashlib
 
 import numpy as np
@@ -36,7 +37,9 @@ def tokenizer():
     return byte_pair(ROOT / "tokenizer", unsplittable_tokens=["<|endoftext|>"])
 
 
+@functools.cache
 def fixture_model(key, tokenizer):
+    """Loaded once per module; no test changes its weights."""
     quantize, tied = FILES[key]
     model = hub.load(SOURCE, tie_embeddings=True) if tied else hub.load(SOURCE)
     model.__dict__["tokenizer"] = tokenizer
@@ -181,23 +184,22 @@ def test_transformers_loads_a_fresh_export(tokenizer, tmp_path):
 
 @pytest.mark.parametrize("case", ["encoder", "backbone", "no tokenizer", "quantize", "suffix", "big tokenizer"])
 def test_bad_input_is_refused_with_the_fix(case, tokenizer, tmp_path):
-    decoder = zoo.get("dec-base", **TINY_DEC)
-    args = dict(model=decoder, path=tmp_path / "x.gguf", tokenizer=tokenizer)
+    args = dict(model=fixture_model("llama-q8_0", tokenizer), path=tmp_path / "x.gguf", tokenizer=tokenizer)
     expect = {"encoder": "Llama-family decoders", "backbone": "task='causal_lm'",
               "no tokenizer": "carries its tokenizer", "quantize": "q8_0, f16, f32",
               "suffix": "must end in .gguf", "big tokenizer": "the model's vocabulary is"}
     if case == "encoder":
-        args["model"] = zoo.get("enc-base", **dict(TINY_DEC, num_kv_heads=4))
+        args["model"] = zoo.get("enc-base", **dict(TINY_DEC, num_layers=1, num_kv_heads=4))
     elif case == "backbone":
-        args["model"] = zoo.get("dec-base", task="backbone", **TINY_DEC)
+        args["model"] = zoo.get("dec-base", task="backbone", **dict(TINY_DEC, num_layers=1))
     elif case == "no tokenizer":
-        args["tokenizer"] = None
+        args["model"], args["tokenizer"] = zoo.get("dec-base", **dict(TINY_DEC, num_layers=1)), None
     elif case == "quantize":
         args["quantize"] = "q4_k"
     elif case == "suffix":
         args["path"] = tmp_path / "x.bin"
     else:
-        args["model"] = zoo.get("dec-base", **dict(TINY_DEC, vocab_size=64))
+        args["model"] = zoo.get("dec-base", **dict(TINY_DEC, num_layers=1, vocab_size=64))
     with pytest.raises(ValueError, match=expect[case]):
         gguf_writer.write_gguf(**args)
     assert list(tmp_path.iterdir()) == []
