@@ -8,7 +8,9 @@ Rows, each in its own guarded process (from one saved .keras file, so all rows s
     keras           zoo.generation.generate (cached, compiled): the reference
     saved_model     the SavedModel's `generate` signature, loaded with tf.saved_model.load
     tflite float32  prefill/decode signatures (zoo.export.litert), ai_edge_litert
-    tflite int8     the same with int8 weights
+    tflite int8     the same with int8 weights (int8_mode "auto": the converter's dynamic range when
+                    its peak fits the memory available, else Keras' weight-only int8 first; the
+                    route is printed beside the row)
     logits loop     today's logits-only SavedModel (`serving_default`), called from Python
                     once per token on the whole prefix: the baseline this issue replaces
 Time to first token is the prefill plus one token (generate with max_new_tokens=1); tokens/s
@@ -74,6 +76,7 @@ def measure(name, row, folder, prompt_length, new, tiny, runs, threads):
     out = {"model": name, "format": row}
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # from here, VmHWM is the export's peak
+    tree = _harness.TreePeak().__enter__()  # and with a weight-only int8 export's conversion processes
     start = time.perf_counter()
     if row == "keras":
         def run(n):
@@ -109,7 +112,8 @@ def measure(name, row, folder, prompt_length, new, tiny, runs, threads):
                                                 quantize=None if quantize == "float32" else quantize,
                                                 prefill_length=prompt_length, cache_length=prompt_length + new,
                                                 overwrite=True)
-        out["bytes"], out["estimated_bytes"] = result.size_bytes, result.estimated_bytes
+        out["bytes"], out["estimated_bytes"], out["int8_mode"] = result.size_bytes, result.estimated_bytes, \
+            result.int8_mode
         del model
         gc.collect()
         runner = export.LiteRTGenerator(result.path, num_threads=threads)
@@ -117,7 +121,8 @@ def measure(name, row, folder, prompt_length, new, tiny, runs, threads):
         def run(n):
             return runner.generate(prompt[0], n)
     out["export_seconds"] = time.perf_counter() - start
-    out["export_peak_rss_gib"] = _harness.status_bytes("VmHWM") / GiB
+    tree.__exit__(None, None, None)
+    out["export_peak_rss_gib"] = tree.peak / GiB
     out["ttft_s"] = timed(lambda: run(1), runs)
     full = timed(lambda: run(new), max(1, runs // 2))
     out["tokens_per_s"] = (new - 1) / (full - out["ttft_s"]) if full > out["ttft_s"] and new > 1 else None
@@ -163,7 +168,8 @@ def main():
             continue
         same = sum(a == b for a, b in zip(r["tokens"], reference[r["model"]] or []))
         r["same_tokens"] = same
-        print(f"| {r['model']} | {r['format']} | {r['bytes'] / 2**20:.1f} | {r['export_peak_rss_gib']:.2f} | "
+        how = f" ({r['int8_mode']})" if r.get("int8_mode") else ""
+        print(f"| {r['model']} | {r['format']}{how} | {r['bytes'] / 2**20:.1f} | {r['export_peak_rss_gib']:.2f} | "
               f"{r['ttft_s']:.3f} | {r['tokens_per_s'] or float('nan'):.1f} | {same}/{len(r['tokens'])} |")
     print(json.dumps({"benchmark": "export_generate", "prompt": args.prompt, "new": args.new, "runs": args.runs,
                       "threads": args.threads, "tiny": args.tiny, "rows": rows}))
