@@ -362,7 +362,7 @@ def test_cli_saved_model_vocabulary_lowercase_overwrite(encoder, tmp_path, capsy
     base = ["export", str(tmp_path / "tiny.keras"), "--format", "saved_model", "-o", str(out), "--sequence-length", "8"]
 
     assert main(base + ["--quantize", "int8"]) == 2
-    assert "--quantize applies to --format tflite only" in capsys.readouterr().err and not out.exists()
+    assert "does not apply to --format saved_model" in capsys.readouterr().err and not out.exists()
     assert main(base + ["--vocabulary", str(vocab), "--lowercase"]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     ids = np.zeros((1, 8), np.int32)

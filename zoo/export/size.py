@@ -16,13 +16,16 @@ import numpy as np
 FLATBUFFER_LIMIT = 2**31 - 1  # bytes: flatbuffers' 32-bit offsets
 OVERHEAD = 2**20  # the graph, signatures and alignment of a decoder: well under 1 MiB measured
 INT8_MIN_ELEMENTS = 1024  # the converter leaves smaller tensors in float32
+# An int8 channel: its float32 scale and int64 zero point (12 bytes) and ~15 more measured per channel
+# (dec-base int8 prefill/decode files at 2 and 10 layers were 0.76 and 1.37 MB above 12 bytes a channel).
+CHANNEL_BYTES = 28
 
 
 def weight_bytes(model, quantize=None) -> int:
     """The bytes `model`'s weights take in a .tflite file with `quantize` (None, "float16", "int8"):
-    float32 4, float16 2; int8 1 plus a float32 scale per output channel for matrices of at least
+    float32 4, float16 2; int8 1 plus CHANNEL_BYTES per output channel for matrices of at least
     INT8_MIN_ELEMENTS, 4 for the rest; an int8 file holds a tied embedding twice (the lookup
-    table and the LM head's copy are quantized separately)."""
+    table and the LM head's copy, one channel per vocabulary row, are quantized separately)."""
     total = 0
     for variable in model.weights:
         shape = tuple(variable.shape)
@@ -30,12 +33,12 @@ def weight_bytes(model, quantize=None) -> int:
         if quantize == "float16":
             total += 2 * size
         elif quantize == "int8" and len(shape) >= 2 and size >= INT8_MIN_ELEMENTS:
-            total += size + 4 * shape[-1]
+            total += size + CHANNEL_BYTES * shape[-1]
         else:
             total += 4 * size
     spec = getattr(model, "spec", None)
     if quantize == "int8" and spec is not None and spec.tie_embeddings and getattr(model, "task", None) == "causal_lm":
-        total += spec.vocab_size * spec.hidden_dim
+        total += spec.vocab_size * (spec.hidden_dim + CHANNEL_BYTES)
     return total
 
 
@@ -62,8 +65,9 @@ def check_flatbuffer(model, quantize=None, limit=None):
 
 
 # Peak memory of a conversion (benchmarks/tflite_memory.py, dec-base at 10 layers): what the converter
-# adds over its process's start, in float32 copies of the weights it imports.
-CONVERTER_COPIES = {None: 6.8, "float16": 6.8, "int8": 5.5}
+# adds over its process's start, in float32 copies of the weights it imports. int8: 5.5 for the serving
+# graph, 7.7 for a prefill/decode file (two signatures); the larger is used.
+CONVERTER_COPIES = {None: 6.8, "float16": 6.8, "int8": 7.7}
 # weight_only: the quantize process holds the float model, its int8 kernels and the traced graph; the
 # convert process imports int8 kernels (counted at their own size) and the float embedding and head.
 QUANTIZE_COPIES = 1.6
