@@ -1,12 +1,12 @@
 """Functions of a zoo model -> one .tflite flatbuffer, and the two ways an int8 file is made.
 
     dynamic_range  the converter quantizes the float weights itself (`Optimize.DEFAULT`):
-                   hybrid int8 kernels, the fast ones; its peak holds ~5.5 float32 copies
-                   of the weights (dec-1b: ~24 GiB)
+                   hybrid int8 kernels; its peak holds ~5.5 float32 copies of the weights
+                   (dec-1b: ~24 GiB)
     weight_only    Keras quantizes the blocks' Dense kernels to int8 first, in a fresh
-                   process that loads the model from disk; the converter keeps them int8
-                   (dequantized at run time: CAST before each matmul, slower) and quantizes
-                   only the float embedding and LM head
+                   process that loads the model from disk, and a second fresh process
+                   converts a SavedModel whose kernels are int8 (the converter folds their
+                   dequantization and writes the same hybrid int8 kernels)
     auto           dynamic_range when its predicted peak fits the memory available now
 
 Measurements and the converter's copies: docs/design-notes.md ("Generation in exports").
@@ -62,7 +62,7 @@ def resolve_int8_mode(model, quantize, int8_mode="auto"):
     if need <= available:
         return "dynamic_range"
     log.warning("int8 with the converter's dynamic-range quantization would need ~%.1f GiB, %.1f GiB are available: "
-                "quantizing the weights with Keras first (int8_mode='weight_only', ~%.1f GiB; slower kernels).",
+                "quantizing the weights with Keras first (int8_mode='weight_only', ~%.1f GiB).",
                 need / 2**30, available / 2**30, size.conversion_bytes(model, "int8", "weight_only") / 2**30)
     return "weight_only"
 
@@ -70,7 +70,7 @@ def resolve_int8_mode(model, quantize, int8_mode="auto"):
 def weight_only_int8(model):
     """Keras' weight-only int8 (per output channel, no activation quantizer) on every Dense
     layer of the blocks; the embedding and LM head stay float for the converter to quantize
-    (its hybrid kernels are faster than a dequantized matmul on a vocabulary-sized table)."""
+    (their int8 copies are made there either way)."""
     config = keras.quantizers.Int8QuantizationConfig(activation_quantizer=None)
     blocks = {id(layer) for block in model.backbone.blocks for layer in block._flatten_layers()}
     model.quantize(config=config, filters=lambda layer: isinstance(layer, keras.layers.Dense) and id(layer) in blocks)

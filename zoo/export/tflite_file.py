@@ -102,7 +102,7 @@ def tflite(model, path, quantize=None, batch_size=1, sequence_length=128, overwr
         overwrite: replace an existing file at `path`.
         int8_mode: how int8 weights are made: "dynamic_range" (the converter; fast hybrid
             kernels, ~5.5 float32 copies of the weights in memory), "weight_only" (Keras
-            first, in fresh processes; less memory, slower kernels) or "auto" (dynamic_range
+            first, in fresh processes; less memory, the same kernels) or "auto" (dynamic_range
             when it fits the memory available). See zoo.export.convert.
 
     Returns:
