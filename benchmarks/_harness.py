@@ -13,9 +13,11 @@ runs `measure(**variant)` and prints its result as one JSON line.
 `fetch` is the repository's asset fetcher, `tools.assets.fetch` (docs/assets.md).
 """
 
+import contextlib
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -30,7 +32,7 @@ from tools.assets import fetch
 
 __all__ = [
     "GiB", "ChildRun", "PeakMemory", "available_bytes", "child_main", "fetch", "peak_rss_gib", "print_metrics",
-    "run_child", "run_if_it_fits", "training_flags", "zoo_cli",
+    "TreePeak", "run_child", "run_if_it_fits", "status_bytes", "training_flags", "tree_rss_bytes", "zoo_cli",
 ]
 
 GiB = 2**30
@@ -66,10 +68,60 @@ class ChildRun:
 
 def rss_bytes(pid: int) -> int:
     """Resident memory of a running process (0 once it has gone)."""
+    return status_bytes("VmRSS", pid)
+
+
+def tree_rss_bytes(pid) -> int:
+    """Resident memory of a process and every process it started (a zoo export's fresh
+    conversion processes count toward the variant that started them)."""
+    return sum(rss_bytes(p) for p in process_tree(pid))
+
+
+def process_tree(pid) -> list:
+    """`pid` and its descendants, from /proc/PID/task/*/children."""
+    tree, todo = [], [str(pid)]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                todo.extend(task.read_text().split())
+            except OSError:
+                pass
+    return tree
+
+
+class TreePeak:
+    """The largest RSS of this process and the processes it starts (a weight-only int8 export's
+    conversion processes), sampled every 50 ms over a block; `peak` in bytes."""
+
+    def __init__(self):
+        self.peak, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, tree_rss_bytes(os.getpid()))
+            time.sleep(0.05)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, status_bytes("VmHWM"))  # this process's own peak, never missed
+        return False
+
+
+def status_bytes(key: str, pid="self") -> int:
+    """A memory line of /proc/PID/status in bytes ("VmRSS", "VmHWM": the peak since start or since
+    it was reset by writing 5 to /proc/self/clear_refs); 0 once the process has gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except FileNotFoundError:
         pass
@@ -81,7 +133,7 @@ def run_child(variant: dict, budget_bytes=None, timeout=None, env=None) -> Child
 
     The child is `python SCRIPT --child JSON`, where SCRIPT is the benchmark that
     called this and which hands `--child` to `child_main`. A watcher samples the
-    child's resident memory and kills it before it passes `budget_bytes`, so a
+    child's resident memory (with the processes it starts) and kills them before it passes `budget_bytes`, so a
     variant that cannot fit is reported, never left to the kernel's OOM killer.
 
     Args:
@@ -101,14 +153,16 @@ def run_child(variant: dict, budget_bytes=None, timeout=None, env=None) -> Child
 
     def watch():
         while proc.poll() is None:
-            rss = rss_bytes(proc.pid)
+            rss = tree_rss_bytes(proc.pid)
             seen["peak"] = max(seen["peak"], rss)
             if budget_bytes is not None and rss > budget_bytes:
                 seen["stop"] = "killed by guard"
             elif timeout is not None and time.monotonic() - start > timeout:
                 seen["stop"] = "timed out"
             if seen["stop"]:
-                proc.kill()
+                for pid in reversed(process_tree(proc.pid)):  # the processes it started first
+                    with contextlib.suppress(OSError):
+                        os.kill(int(pid), signal.SIGKILL)
                 return
             time.sleep(POLL_SECONDS)
 

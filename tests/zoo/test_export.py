@@ -18,6 +18,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 import zoo
 from zoo import export
+from zoo.export import convert, tflite_file
 
 TINY = dict(num_layers=2, hidden_dim=64, num_heads=4, intermediate_dim=128, vocab_size=120, max_sequence_length=32)
 FAMILIES = {
@@ -114,7 +115,8 @@ def served(request, tmp_path_factory, tokenizer):
     keras.utils.set_random_seed(0)
     model = FAMILIES[family]()
     tmp = tmp_path_factory.mktemp(family)
-    path = export.saved_model(model, tmp / "model", sequence_length=SEQ + 4, tokenizer=tokenizer)
+    # generate=False: the decoder's generate signatures are tested in test_export_generate.py (~1 min to trace)
+    path = export.saved_model(model, tmp / "model", sequence_length=SEQ + 4, tokenizer=tokenizer, generate=False)
     signatures, _ = signature_defs(path)
     batch = batch_for(model)
     arrays = {"serving_default": batch, export.TEXT_SIGNATURE: {"text": np.array(TEXTS, dtype=object)}}
@@ -333,8 +335,8 @@ def test_interrupted_export_leaves_the_earlier_one(encoder, tmp_path, monkeypatc
         assert Path(path).read_bytes() == b"new flatbuffer" and Path(path) != earlier  # a temporary sibling
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(export, "_convert", lambda serving, specs, quantize: b"new flatbuffer")
-    monkeypatch.setattr(export, "run_tflite", check_dies)
+    monkeypatch.setattr(convert, "convert", lambda endpoints, quantize: b"new flatbuffer")
+    monkeypatch.setattr(tflite_file, "run_tflite", check_dies)
     for path, overwrite in ((earlier, True), (tmp_path / "new.tflite", False)):
         with pytest.raises(KeyboardInterrupt):
             export.tflite(encoder, path, overwrite=overwrite, sequence_length=8)
@@ -375,7 +377,7 @@ def test_cli_saved_model_vocabulary_lowercase_overwrite(encoder, tmp_path, capsy
     base = ["export", str(tmp_path / "tiny.keras"), "--format", "saved_model", "-o", str(out), "--sequence-length", "8"]
 
     assert main(base + ["--quantize", "int8"]) == 2
-    assert "--quantize applies to --format tflite only" in capsys.readouterr().err and not out.exists()
+    assert "does not apply to --format saved_model" in capsys.readouterr().err and not out.exists()
     assert main(base + ["--vocabulary", str(vocab), "--lowercase"]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     ids = np.zeros((1, 8), np.int32)

@@ -1,18 +1,19 @@
-"""`zoo generate MODEL "prompt" ...`: continue prompts, streaming the tokens as they come."""
+"""`zoo generate MODEL "prompt" ...`: continue prompts, streaming the tokens as they come;
+`zoo generate --tflite FILE --tokenizer FOLDER "prompt" ...`: greedy, with a prefill/decode .tflite file."""
 
 import json
 import sys
+from pathlib import Path
 
-from zoo.generation import SAMPLERS, detokenize, generate, stream
-from zoo.loading import load
+import numpy as np
+
+from zoo.generation import SAMPLERS, detokenize, generate, stream, trim
+from zoo.loading import TOKENIZER_DIR, load
 
 
-def _stop_ids(model, args):
+def _stop_ids(tokenizer, args):
     """--stop tokens as ids; by default the tokenizer's end token, when it has one."""
-    tokenizer = getattr(model, "tokenizer", None)
     tokens = args.stop if args.stop is not None else ["<|endoftext|>", "</s>", "<|im_end|>"]
-    if tokenizer is None:
-        return None
     vocabulary = set(tokenizer.get_vocabulary())
     if args.stop is not None:
         missing = [t for t in tokens if t not in vocabulary]
@@ -21,12 +22,41 @@ def _stop_ids(model, args):
     return [int(tokenizer.token_to_id(t)) for t in tokens if t in vocabulary] or None
 
 
+def _tflite(args):
+    """Greedy generation with zoo.export.LiteRTGenerator, one prompt per call, printed when done."""
+    from zoo.export import LiteRTGenerator
+    from zoo.hub import load_tokenizer
+
+    if args.tokenizer is None:
+        raise ValueError("--tflite needs --tokenizer FOLDER: a Hugging Face folder or a training run's folder "
+                         "holding the model's tokenizer files.")
+    if args.sampler != "greedy" or args.batch:
+        raise ValueError("--tflite generates greedily, one prompt at a time; drop --sampler/--batch, or generate "
+                         "from the model (zoo generate MODEL ...) or its SavedModel's `generate` signature.")
+    folder = Path(args.tokenizer)
+    tokenizer = load_tokenizer(folder / TOKENIZER_DIR if (folder / TOKENIZER_DIR).is_dir() else folder)
+    if tokenizer is None:
+        raise ValueError(f"{folder} holds no tokenizer files (tokenizer.json, vocab.json + merges.txt or vocab.txt).")
+    runner = LiteRTGenerator(args.tflite)
+    stop = _stop_ids(tokenizer, args)
+    for prompt in [args.model, *args.prompt]:
+        ids = np.asarray(tokenizer(prompt), np.int32).reshape(1, -1)
+        rows, ends = trim(runner.generate(ids, args.max_new_tokens), np.int32([ids.shape[1]]), args.max_new_tokens,
+                          np.int32(stop or []))  # where a stop token ends the text, as generate() cuts it
+        print(detokenize(tokenizer, np.asarray(rows)[0, :int(ends[0])]))
+    return 0
+
+
 def _generate(args):
+    if args.tflite:
+        return _tflite(args)
+    if not args.prompt:
+        raise ValueError("Give at least one prompt after the model: zoo generate MODEL \"prompt\".")
     model = load(args.model, task="causal_lm")
     if getattr(model, "tokenizer", None) is None:
         raise ValueError(f"{args.model} has no tokenizer (a tokenizer/ folder or Hugging Face tokenizer files); "
                          "text prompts need one.")
-    options = {"sampler": args.sampler, "seed": args.seed, "stop_token_ids": _stop_ids(model, args)}
+    options = {"sampler": args.sampler, "seed": args.seed, "stop_token_ids": _stop_ids(model.tokenizer, args)}
     for name in ("top_k", "top_p", "temperature"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
@@ -49,9 +79,16 @@ def _generate(args):
 
 
 def register(subparsers):
-    p = subparsers.add_parser("generate", help="continue prompts with a decoder, streaming tokens")
-    p.add_argument("model", help="a training run folder, a Hugging Face folder or repo id, or a .keras file")
-    p.add_argument("prompt", nargs="+", help="one or more prompts")
+    p = subparsers.add_parser("generate", help="continue prompts with a decoder, streaming tokens",
+                              usage="zoo generate MODEL PROMPT [PROMPT ...] [options]\n"
+                              "       zoo generate --tflite FILE --tokenizer FOLDER PROMPT [PROMPT ...] [options]")
+    p.add_argument("model", help="a training run folder, a Hugging Face folder or repo id, or a .keras file "
+                   "(with --tflite: the first prompt)")
+    p.add_argument("prompt", nargs="*", help="one or more prompts")
+    p.add_argument("--tflite", default=None, metavar="FILE",
+                   help="generate greedily with a prefill/decode .tflite file (zoo export --format tflite --generate)")
+    p.add_argument("--tokenizer", default=None, metavar="FOLDER",
+                   help="--tflite: the Hugging Face or training run folder whose tokenizer the file's model uses")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--sampler", default="greedy", help=f"one of {', '.join(SAMPLERS)}")
     p.add_argument("--top-k", type=int, default=None)

@@ -7,8 +7,8 @@ zoo variables, tokenizer files <-> keras-hub tokenizers.
 
 One module per concern: `bert.py`, `llama.py`, `qwen.py` (Qwen2 and Qwen3), `gemma3.py`
 and `modernbert.py` (one per family), `config.py` (config keys several families share),
-`weights.py` (safetensors, streaming and shards), `tokenizers.py`, `gguf.py` (llama.cpp files),
-`peft.py` (PEFT LoRA adapter folders).
+`weights.py` (safetensors, streaming and shards), `tokenizers.py`, `gguf.py` (llama.cpp files in),
+`gguf_writer.py` (out), `peft.py` (PEFT LoRA adapter folders).
 
 A family module exposes:
     FAMILY, MODEL_TYPE        the zoo family and Hugging Face `model_type`
@@ -36,6 +36,7 @@ from zoo.hub import weights
 from zoo.hub.families import FAMILIES
 from zoo.hub.families import family_of as _family_of
 from zoo.hub.gguf import convert_gguf
+from zoo.hub.gguf_writer import write_gguf
 from zoo.hub.peft import check_plain, load_adapter, read_config, save_adapter
 from zoo.hub.tokenizers import load_tokenizer, read_json, save_tokenizer
 from zoo.hub.weights import INDEX, WEIGHTS, Entry
@@ -349,6 +350,5 @@ def push(model, repo_id, tokenizer=None, private=None, token=None, commit_messag
 __all__ = [
     "ARCHITECTURES", "FAMILIES", "INDEX", "WEIGHTS", "Entry", "config_from_spec", "convert_gguf", "load",
     "load_adapter", "load_tokenizer", "load_weights", "match_registered", "local_folder", "push", "save",
-    "save_adapter", "save_tokenizer",
-    "spec_from_config", "weight_map",
+    "save_adapter", "save_tokenizer", "spec_from_config", "weight_map", "write_gguf",
 ]

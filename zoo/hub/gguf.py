@@ -19,7 +19,8 @@ from zoo.hub import llama
 from zoo.hub.weights import WEIGHTS
 from zoo.registry import ModelSpec
 
-_GGUF_NAMES = {
+# GGUF tensor name (or its block part) -> Hugging Face name; zoo.hub.gguf_writer inverts it.
+GGUF_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj",
@@ -76,7 +77,7 @@ def convert_gguf(gguf_path, folder, overwrite=False) -> Path:
     if "rope_freqs.weight" in names:
         raise ValueError(f"{gguf_path} holds llama.cpp's rope_freqs (Llama 3.1+ frequency scaling), whose "
                          "rope_parameters the GGUF does not record; load the original Hugging Face folder instead.")
-    unknown = sorted(n for n in names if (n.split(".")[2] if n.startswith("blk.") else n) not in _GGUF_NAMES)
+    unknown = sorted(n for n in names if (n.split(".")[2] if n.startswith("blk.") else n) not in GGUF_NAMES)
     if unknown:
         raise ValueError(f"{gguf_path}: tensors {unknown[:5]} have no place in a Llama model.")
     tensors = {}
@@ -89,9 +90,9 @@ def convert_gguf(gguf_path, folder, overwrite=False) -> Path:
                 weight = _unpermute_rope(weight, heads)
             elif part == "attn_k":
                 weight = _unpermute_rope(weight, kv_heads)
-            name = f"model.layers.{layer}.{_GGUF_NAMES[part]}.{kind}"
+            name = f"model.layers.{layer}.{GGUF_NAMES[part]}.{kind}"
         else:
-            name = _GGUF_NAMES[name]
+            name = GGUF_NAMES[name]
         tensors[name] = np.ascontiguousarray(weight)
     tokens = _field(reader, "tokenizer.ggml.tokens")
     spec = ModelSpec(

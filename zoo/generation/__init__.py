@@ -5,8 +5,8 @@
 The prompt runs through the blocks once and fills a [B, 2, T, KV, D] cache per
 block (`DecoderCausalLM.call_with_cache`); every further token then costs one position.
 The decode loop and the sampling are keras-hub's `Sampler` (greedy, top-k, top-p,
-temperature),
-compiled with `tf.function` once per (batch, prompt length, total length).
+temperature; zoo.generation.sampling), compiled with `tf.function` once per (batch,
+prompt length, total length).
 `use_cache=False` reruns the whole prefix for each token: the baseline the
 benchmark compares against.
 """
@@ -16,27 +16,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-SAMPLERS = ("greedy", "top_k", "top_p", "temperature")
-
-
-def make_sampler(sampler="greedy", seed=None, top_k=50, top_p=0.9, temperature=1.0):
-    """A keras-hub sampler from a name: "greedy", "top_k"/"top-k", "top_p"/"top-p", or
-    "temperature" (also "random": keras-hub's `RandomSampler`, a draw from the whole
-    softmax(logits / temperature))."""
-    import keras_hub
-
-    if not isinstance(sampler, str):
-        return sampler  # already a keras_hub.samplers.Sampler
-    name = sampler.replace("-", "_")
-    if name == "greedy":
-        return keras_hub.samplers.GreedySampler()
-    if name == "top_k":
-        return keras_hub.samplers.TopKSampler(k=top_k, seed=seed, temperature=temperature)
-    if name == "top_p":
-        return keras_hub.samplers.TopPSampler(p=top_p, seed=seed, temperature=temperature)
-    if name in ("temperature", "random"):
-        return keras_hub.samplers.RandomSampler(seed=seed, temperature=temperature)
-    raise ValueError(f"Unknown sampler {sampler!r}; known: {', '.join(SAMPLERS)} (or a keras_hub sampler).")
+from zoo.generation.sampling import SAMPLERS, make_sampler
 
 
 def _check_decoder(model):
@@ -44,19 +24,26 @@ def _check_decoder(model):
         raise ValueError("generate() needs a decoder language model: zoo.get('dec-...', task='causal_lm').")
 
 
+def cached_loop(model, sampler, buffer, mask, prompt_length, stop_token_ids=None):
+    """(buffer [B, T], prompt mask [B, T], shortest prompt length) -> filled buffer: prefill the
+    shortest prompt, then the sampler's loop over `call_with_cache`. Graph code, shared by
+    `generate` (traced below) and the SavedModel `generate` signature (zoo.export.generate)."""
+    cache = model.init_cache(tf.shape(buffer)[0], tf.shape(buffer)[1])
+    _, _, cache = model.call_with_cache(buffer[:, :prompt_length], cache, 0)  # prefill
+
+    def next_logits(prompt, cache, index):
+        logits, _, cache = model.call_with_cache(prompt[:, index - 1:index], cache, index - 1)
+        return logits[:, -1], None, cache
+
+    return sampler(next_logits, buffer, cache=cache, index=prompt_length, mask=mask, stop_token_ids=stop_token_ids)
+
+
 def _cached_decode(model, sampler):
     """A tf.function: (buffer [B, T], prompt mask [B, T], prompt length) -> filled buffer."""
 
     @tf.function(reduce_retracing=True, autograph=False)
     def run(buffer, mask, prompt_length):
-        cache = model.init_cache(tf.shape(buffer)[0], tf.shape(buffer)[1])
-        _, _, cache = model.call_with_cache(buffer[:, :prompt_length], cache, 0)  # prefill
-
-        def next_logits(prompt, cache, index):
-            logits, _, cache = model.call_with_cache(prompt[:, index - 1:index], cache, index - 1)
-            return logits[:, -1], None, cache
-
-        return sampler(next_logits, buffer, cache=cache, index=prompt_length, mask=mask)
+        return cached_loop(model, sampler, buffer, mask, prompt_length)
 
     return run
 
@@ -150,10 +137,10 @@ def generate(model, prompt, max_new_tokens=32, sampler="greedy", seed=None, toke
         mask[i, :len(row)] = True
     run = _compiled(model, sampler, seed, use_cache, sampler_args)
     run = run if compile else run.python_function
-    out = np.array(run(tf.constant(buffer), tf.constant(mask), tf.constant(min(lengths), tf.int32)))
-    ends = _ends(out, lengths, max_new_tokens, stop_token_ids)
-    for row, end in zip(out, ends):  # a shorter prompt ran further, a stop token ends a row: pad with 0
-        row[end:] = 0
+    out = run(tf.constant(buffer), tf.constant(mask), tf.constant(min(lengths), tf.int32))
+    # a shorter prompt ran further, a stop token ends a row: pad with 0
+    out, ends = (np.array(t) for t in trim(out, tf.constant(lengths, tf.int32), max_new_tokens,
+                                            tf.constant(list(stop_token_ids or ()), tf.int32)))
     if not text:
         return out
     texts = [detokenize(tokenizer, row[:end]) for row, end in zip(out, ends)]
@@ -232,14 +219,16 @@ def _compiled(model, sampler, seed, use_cache, sampler_args):
     return run
 
 
-def _ends(out, lengths, max_new_tokens, stop_token_ids):
-    """Where each row's output ends: its own max_new_tokens, or just after its first generated stop token."""
-    ends = []
-    for row, length in zip(out, lengths):
-        new = row[length:length + max_new_tokens]
-        hits = np.flatnonzero(np.isin(new, stop_token_ids)) if stop_token_ids is not None else []
-        ends.append(length + (hits[0] + 1 if len(hits) else max_new_tokens))
-    return ends
+def trim(tokens, lengths, max_new_tokens, stop_token_ids):
+    """Each row of `tokens` [B, T] cut after its own `max_new_tokens` new tokens (it starts at
+    `lengths` [B]) or just after its first generated stop token (`stop_token_ids` [N], maybe
+    empty), zeros after: (tokens, ends [B]). Graph code, shared with the exported signatures."""
+    positions = tf.range(tf.shape(tokens)[1])[None, :]
+    first, last = lengths[:, None], lengths[:, None] + max_new_tokens
+    stops = tf.reduce_any(tokens[:, :, None] == tf.cast(stop_token_ids, tokens.dtype)[None, None, :], axis=-1)
+    stops = stops & (positions >= first) & (positions < last)
+    ends = tf.minimum(tf.reduce_min(tf.where(stops, positions + 1, tf.shape(tokens)[1] + 1), axis=1), last[:, 0])
+    return tf.where(positions < ends[:, None], tokens, tf.zeros_like(tokens)), ends
 
 
 def detokenize(tokenizer, ids) -> str:
@@ -247,3 +236,6 @@ def detokenize(tokenizer, ids) -> str:
     value = tokenizer.detokenize(np.asarray(ids, "int32"))
     value = np.asarray(value).item() if np.ndim(value) == 0 else value
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+__all__ = ["SAMPLERS", "cached_loop", "detokenize", "generate", "make_sampler", "stream", "trim"]

@@ -1,0 +1,212 @@
+"""TFLite prefill/decode files (zoo.export.litert) run by ai_edge_litert against Keras, and
+the 2 GB flatbuffer check (zoo.export.size) that refuses an export before converting.
+
+The model is transformers' tiny Llama of tests/fixtures/hf/llama-rope-parameters (grouped-
+query attention), whose weights are spread enough that greedy decoding does not repeat one
+token: equal tokens mean something."""
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import zoo
+from tests.common import REPO, TINY_DEC
+from zoo import export, generation, hub
+from zoo.export import convert, size
+
+SOURCE = REPO / "tests" / "fixtures" / "hf" / "llama-rope-parameters"
+PREFILL, CACHE, NEW = 8, 48, 16
+SHORT = [[5, 9, 33, 7, 1], [40, 2, 77, 3, 100]]  # one padded prefill call
+LONG = [list(range(3, 23)), list(range(60, 40, -1))]  # 20 tokens: two full chunks and a last one ending at its end
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hub.load(SOURCE)
+
+
+@pytest.fixture(scope="module")
+def files(model, tmp_path_factory):
+    """float32 for two rows, int8 (the converter's dynamic range) for one."""
+    tmp = tmp_path_factory.mktemp("litert")
+    return {"float32": export.tflite_generator(model, tmp / "f32.tflite", prefill_length=PREFILL, cache_length=CACHE,
+                                               batch_size=2),
+            "int8": export.tflite_generator(model, tmp / "int8.tflite", quantize="int8", prefill_length=PREFILL,
+                                            cache_length=CACHE, int8_mode="dynamic_range")}
+
+
+@functools.cache
+def _greedy(model, rows, stop):
+    return generation.generate(model, [list(r) for r in rows], NEW, stop_token_ids=list(stop) or None, compile=False)
+
+
+def keras_greedy(model, rows, stop=()):
+    """Keras' greedy tokens (eager: tracing the loop would cost more than it saves), once per request."""
+    return _greedy(model, tuple(map(tuple, rows)), tuple(stop))
+
+
+def ops(path):
+    from ai_edge_litert.interpreter import Interpreter
+
+    return {op["op_name"] for op in Interpreter(model_path=str(path))._get_ops_details()}
+
+
+def test_float32_generates_keras_greedy_tokens(model, files):
+    """Exactly Keras' greedy tokens, two rows per call, for prompts shorter than the prefill length
+    and prompts that take three prefill calls; a stop token cuts its row only; built-in ops only."""
+    runner = export.LiteRTGenerator(files["float32"].path)
+    assert (runner.batch_size, runner.prefill_length, runner.cache_length) == (2, PREFILL, CACHE)
+    assert runner.chunks(len(LONG[0])) == [0, 8, 12]
+    for prompts in (SHORT, LONG):
+        got, expected = runner.generate(prompts, NEW), keras_greedy(model, prompts)
+        np.testing.assert_array_equal(got, expected)
+        assert len(set(got[0, len(prompts[0]):].tolist())) > 4  # not one repeated token
+    stop = int(expected[0, len(LONG[0]) + 3])
+    cut = runner.generate(LONG, NEW, stop_token_ids=[stop])
+    np.testing.assert_array_equal(cut, keras_greedy(model, LONG, [stop]))
+    assert not cut[0, len(LONG[0]) + 4:].any() and cut[1, -1] == expected[1, -1]
+    with pytest.raises(ValueError, match="takes 2 prompt row"):
+        runner.generate(SHORT[0], NEW)
+    assert not {op for op in ops(files["float32"].path) if op.startswith("Flex") or op == "CUSTOM"}
+
+
+def int8_agreement(model, path, how):
+    """int8 greedy tokens follow Keras' for a while; the agreement is printed, the first token must agree."""
+    runner = export.LiteRTGenerator(path)
+    for prompts in (SHORT, LONG):
+        got, expected = runner.generate(prompts[0], NEW)[0], keras_greedy(model, prompts)[0]
+        got, expected = got[len(prompts[0]):], expected[len(prompts[0]):]
+        same = got == expected
+        first_difference = int(np.argmin(same)) if not same.all() else NEW
+        print(f"int8 {how}, prompt of {len(prompts[0])}: {int(same.sum())}/{NEW} tokens equal, first "
+              f"{first_difference} in a row")
+        assert got[0] == expected[0]
+
+
+def test_int8_agreement_with_keras(model, files):
+    """int8 weights from the converter's dynamic-range quantization: a smaller file whose greedy
+    tokens follow Keras' (the float32 file holds two rows' caches, not more weights)."""
+    assert files["int8"].int8_mode == "dynamic_range"
+    assert files["int8"].size_bytes < 0.7 * files["float32"].size_bytes
+    int8_agreement(model, files["int8"].path, "dynamic_range")
+
+
+@pytest.mark.parametrize("case, message", [
+    ("prefill above max", "prefill_length=300 is outside this model's range 1..256"),
+    ("prefill above cache", "longer than cache_length"), ("encoder", "need a decoder language model"),
+    ("too long for the cache", "exceeds the file's cache of 48 positions")])
+def test_bad_input_is_refused_with_the_fix(case, message, model, files, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        if case == "prefill above max":
+            export.tflite_generator(model, tmp_path / "x.tflite", prefill_length=300, cache_length=256)
+        elif case == "prefill above cache":
+            export.tflite_generator(model, tmp_path / "x.tflite", prefill_length=32, cache_length=16)
+        elif case == "encoder":
+            export.tflite_generator(zoo.get("enc-base", **dict(TINY_DEC, num_kv_heads=4)), tmp_path / "x.tflite")
+        else:
+            export.LiteRTGenerator(files["float32"].path).generate(LONG, CACHE)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_size_estimate_bounds_the_files(files):
+    """Known before converting: each file is at most the estimate, and the estimate is at most its
+    allowance for the graph (1 MiB) above the file (float16, 2 bytes a weight, was checked so once;
+    converting it costs ~4 s, so the test keeps the float32 and int8 files it has)."""
+    for quantize, result in files.items():
+        assert result.size_bytes <= result.estimated_bytes <= result.size_bytes + size.OVERHEAD, quantize
+
+
+def test_an_oversized_float_export_is_refused_before_converting(model, tmp_path, monkeypatch):
+    """With the limit lowered between the model's int8 and float16 sizes: float32 and float16
+    are refused, naming the size, the limit and the fix, without converting anything (int8 converts
+    under that limit: test_auto_quantizes_with_keras_first_when_the_converter_would_not_fit)."""
+    limit = (size.tflite_bytes(model, "int8") + size.tflite_bytes(model, "float16")) // 2
+    monkeypatch.setattr(size, "FLATBUFFER_LIMIT", limit)
+
+    def must_not_convert(endpoints, quantize):
+        raise AssertionError(f"converted a {quantize} model over the limit")
+
+    monkeypatch.setattr(convert, "convert", must_not_convert)
+    for quantize in (None, "float16"):
+        with pytest.raises(ValueError) as error:
+            export.tflite(model, tmp_path / "m.tflite", quantize=quantize, sequence_length=8)
+        message = str(error.value)
+        assert f"{size.tflite_bytes(model, quantize) / 1e9:.2f} GB" in message
+        assert f"at most {limit / 1e9:.2f} GB" in message and "quantize='int8'" in message and "SavedModel" in message
+        with pytest.raises(ValueError, match="flatbuffer holds at most"):
+            export.tflite_generator(model, tmp_path / "g.tflite", quantize=quantize, prefill_length=PREFILL,
+                                           cache_length=CACHE)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_conversion_leaves_nothing(model, tmp_path, monkeypatch):
+    def crash(endpoints, quantize):
+        raise RuntimeError("converter crashed")
+
+    monkeypatch.setattr(convert, "convert", crash)
+    with pytest.raises(RuntimeError, match="converter crashed"):
+        export.tflite_generator(model, tmp_path / "g.tflite", prefill_length=PREFILL, cache_length=CACHE)
+    assert list(tmp_path.iterdir()) == []
+
+
+def in_process(monkeypatch):
+    """weight_only's two conversion processes run here instead (each fresh process would cost ~10 s
+    of imports); run_stage is what `python -m zoo.export STAGE JOB` runs."""
+    stages = []
+
+    def run(stage, job):
+        stages.append(stage)
+        convert.run_stage(stage, job)
+
+    monkeypatch.setattr(convert, "_run_stage", run)
+    return stages
+
+
+def test_auto_quantizes_with_keras_first_when_the_converter_would_not_fit(model, files, tmp_path, monkeypatch,
+                                                                          caplog):
+    """With less memory available than the converter's dynamic-range peak, int8_mode="auto" takes
+    the weight_only route, under a flatbuffer limit lowered below the float16 file: the blocks'
+    kernels are int8 in the file, Keras' first greedy tokens come out, this process's model stays
+    float, and the file fits the size estimate."""
+    stages = in_process(monkeypatch)
+    monkeypatch.setattr(size, "FLATBUFFER_LIMIT", (size.tflite_bytes(model, "int8")
+                                                   + size.tflite_bytes(model, "float16")) // 2)
+    need = size.conversion_bytes(model, "int8", "dynamic_range")
+    monkeypatch.setattr(size, "available_bytes", lambda: need - 1)
+    result = export.tflite_generator(model, tmp_path / "w8.tflite", quantize="int8", prefill_length=PREFILL,
+                                     cache_length=CACHE)
+    assert result.int8_mode == "weight_only" and stages == list(convert.STAGES)
+    assert "int8_mode='weight_only'" in caplog.text
+    assert result.size_bytes <= result.estimated_bytes <= size.FLATBUFFER_LIMIT
+    dense = model.backbone.blocks[0].attention.query_dense
+    assert dense.quantization_mode is None and dense.kernel.dtype == "float32"
+    from ai_edge_litert.interpreter import Interpreter
+
+    kernels = [t for t in Interpreter(model_path=result.path).get_tensor_details() if t["dtype"] == np.int8]
+    # every block kernel the converter does not fold back to float (under INT8_MIN_ELEMENTS: k and v
+    # here), and the embedding and head it quantizes itself
+    big = [v for block in model.backbone.blocks for v in block.weights
+           if len(v.shape) == 2 and np.prod(v.shape) >= size.INT8_MIN_ELEMENTS]
+    assert len(big) == 5 * model.spec.num_layers and len(kernels) >= len(big) + 2
+    assert not {op for op in ops(result.path) if op.startswith("Flex") or op == "CUSTOM"}
+    assert abs(result.size_bytes - files["int8"].size_bytes) < 0.1 * files["int8"].size_bytes
+    int8_agreement(model, result.path, "weight_only")
+
+
+def test_an_interrupted_weight_only_export_leaves_nothing(model, tmp_path, monkeypatch):
+    """A conversion process that fails: its error is raised, no file, no temporary folder left."""
+    def run(stage, job):
+        if stage == "convert":
+            raise RuntimeError("The weight-only int8 export's convert process failed")
+        Path(job["saved_model"]).mkdir()
+
+    monkeypatch.setattr(convert, "_run_stage", run)
+    monkeypatch.setattr(convert.tempfile, "tempdir", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "out").mkdir()
+    with pytest.raises(RuntimeError, match="convert process failed"):
+        export.tflite_generator(model, tmp_path / "out" / "w8.tflite", quantize="int8", int8_mode="weight_only",
+                                prefill_length=PREFILL, cache_length=CACHE)
+    assert list((tmp_path / "scratch").iterdir()) == [] and list((tmp_path / "out").iterdir()) == []
