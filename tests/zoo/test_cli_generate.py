@@ -1,15 +1,12 @@
 """`zoo generate` end to end on a tiny Hugging Face folder with a byte-level BPE tokenizer."""
 
 import json
-import subprocess
-import sys
 
 import keras
 import keras_hub
 import pytest
 
 import zoo
-from tests.common import REPO
 from zoo.generation import generate
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -27,29 +24,34 @@ def folder(tmp_path_factory):
     return path
 
 
-def zoo_cli(*args):
-    done = subprocess.run([sys.executable, "-m", "zoo.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+def zoo_cli(capsys, *args):
+    """`zoo ARGS` in this process (`python -m zoo.cli` itself: test_memory.test_cli_runs_as_a_module)."""
+    from zoo.cli import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    assert code == 0, err[-2000:]
+    return out
 
 
-def test_generate_streams_what_generate_returns(folder):
+def test_generate_streams_what_generate_returns(folder, capsys):
     model = zoo.loading.load(str(folder))
     prompts = ["the cat", "a dog sat"]
     expected = [generate(model, p, max_new_tokens=6, stop_token_ids=[0]) for p in prompts]
-    streamed = zoo_cli("generate", str(folder), *prompts, "--max-new-tokens", "6").splitlines()
+    streamed = zoo_cli(capsys, "generate", str(folder), *prompts, "--max-new-tokens", "6").splitlines()
     assert streamed == expected
-    batched = json.loads(zoo_cli("generate", str(folder), *prompts, "--max-new-tokens", "6", "--batch"))
+    batched = json.loads(zoo_cli(capsys, "generate", str(folder), *prompts, "--max-new-tokens", "6", "--batch"))
     assert batched["outputs"] == expected
 
 
-def test_generate_refuses_an_encoder(tmp_path):
+def test_generate_refuses_an_encoder(tmp_path, capsys):
+    from zoo.cli import main
+
     path = zoo.hub.save(zoo.get("enc-mini", num_layers=1, hidden_dim=32, num_heads=4, intermediate_dim=32),
                         tmp_path / "bert")
-    done = subprocess.run([sys.executable, "-m", "zoo.cli", "generate", str(path), "hi"], capture_output=True,
-                          text=True, cwd=REPO, timeout=300)
-    assert done.returncode == 2 and "causal_lm" in done.stderr, done.stderr[-500:]
+    assert main(["generate", str(path), "hi"]) == 2
+    assert "causal_lm" in capsys.readouterr().err
 
 
 def test_tflite_export_and_generate(folder, tmp_path, capsys):

@@ -159,8 +159,9 @@ def test_each_chunk_casts_the_head_in_its_turn():
     two = step_peak(lambda x: chunked_lm_loss(x, head, y, seq // 2), h, head)
     sixteen = step_peak(lambda x: chunked_lm_loss(x, head, y, seq // 16), h, head)
     cast = vocab * hidden * 2
-    # measured: equal, or one call's concurrency above (1.25 casts); 14 casts more before the fix
-    assert sixteen < two + 2 * cast, (sixteen, two, cast)
+    # measured: equal, or the executor's concurrency above (1.25 casts, once exactly 2 in a full suite run);
+    # 14 casts more before the fix, which this bound still catches
+    assert sixteen <= two + 4 * cast, (sixteen, two, cast)
 
 
 def compiled(loss_chunk, metrics=None, loss=None, vocab=4096, seq=256):

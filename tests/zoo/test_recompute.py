@@ -89,8 +89,13 @@ def assert_same(reference, other, rtol, zero=1e-5, zero_by_construction=ZERO_BY_
         assert worst <= rtol, f"{path}: max difference {worst:.2e} of its scale {scale:.2e} > {rtol:.0e}"
 
 
-@pytest.mark.parametrize("name", FAMILIES)
-@pytest.mark.parametrize("mode, masked", [("eager", True), ("function", True), ("function", False), ("jit", True)])
+@pytest.mark.parametrize(
+    "name, mode, masked",
+    # Both families eager and traced with padding; the unpadded trace and XLA once each, on the decoder
+    # (causal tile skipping, grouped-query heads and RoPE are the paths those modes can break).
+    [("enc-base", "eager", True), ("dec-base", "eager", True), ("enc-base", "function", True),
+     ("dec-base", "function", True), ("dec-base", "function", False), ("dec-base", "jit", True)],
+)
 def test_gradients_equal_float32(name, mode, masked):
     variants = [("none", "chunked"), ("full", "chunked"), ("selective", "chunked"), ("selective", "plain")]
     if mode == "jit":  # each variant is an XLA compilation of its own: the two recomputed ones
@@ -110,9 +115,8 @@ def test_new_families_gradients_equal_float32(name):
     assert_same(reference, gradients(name, "selective", "eager", core="plain"), rtol=1e-5, zero_by_construction=())
 
 
-@pytest.mark.parametrize("name", FAMILIES)
-@pytest.mark.parametrize("dtype", ["mixed_bfloat16", "mixed_float16"])
-def test_gradients_equal_mixed_precision(name, dtype):
+@pytest.mark.parametrize("name, dtype", [("enc-base", "mixed_bfloat16"), ("dec-base", "mixed_float16")])
+def test_gradients_equal_mixed_precision(name, dtype):  # each family under one half precision, each precision once
     reference = gradients(name, "none", "function", dtype=dtype)
     for policy in ("full", "selective"):
         # The recomputed pass repeats the same half-precision ops on the same inputs.
