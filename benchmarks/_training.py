@@ -47,9 +47,10 @@ def pretraining_task(model) -> str:
 
 def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=None, optimizer="adam", fused=False,
                    loss_chunk=None, clip=1.0, weights_dtype="float32", num_layers=None, lora_rank=None,
-                   lora_targets=None, quantize=None):
+                   lora_targets=None, quantize=None, spec_overrides=None):
     """`weights_dtype` "bfloat16": the "bfloat16" policy and stochastic rounding (zoo.checks.weights);
-    `num_layers`: fewer blocks (smoke runs); `lora_rank`/`quantize`: LoRA on a (quantized) frozen base."""
+    `num_layers`: fewer blocks (smoke runs); `lora_rank`/`quantize`: LoRA on a (quantized) frozen base;
+    `spec_overrides`: other ModelSpec fields (long_context.py's all-global copy of a windowed model)."""
     from zoo import checks
 
     spec = zoo.spec(model)
@@ -58,6 +59,7 @@ def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=Non
     overrides = {"max_sequence_length": seq} if seq > spec.max_sequence_length else {}
     if num_layers:
         overrides["num_layers"] = num_layers
+    overrides.update(spec_overrides or {})
     precision, rounding = checks.weights(weights_dtype, precision, frozen=bool(lora_rank))
     keras.utils.set_random_seed(0)  # same weights and data in every variant
     m = zoo.get(model, checkpointing=policy, dtype=precision, task=task, **overrides)

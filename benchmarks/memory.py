@@ -24,12 +24,12 @@ import _harness
 POLICIES = ("none", "selective", "full")
 
 
-def measure(model, batch, seq, precision, policy, steps, core="chunked"):
-    """One variant, in this (child) process."""
+def measure(model, batch, seq, precision, policy, steps, core="chunked", num_layers=None, spec_overrides=None):
+    """One variant, in this (child) process (`num_layers`, `spec_overrides`: _training.compiled_model's)."""
     import numpy as np
     from _training import compiled_model, synthetic_batch, train_steps
 
-    m = compiled_model(model, policy, precision, seq, core)
+    m = compiled_model(model, policy, precision, seq, core, num_layers=num_layers, spec_overrides=spec_overrides)
     x, y = synthetic_batch(model, batch, seq)
     with _harness.PeakMemory() as mem:
         times, cpu_times, losses = train_steps(m, x, y, steps)
@@ -37,6 +37,7 @@ def measure(model, batch, seq, precision, policy, steps, core="chunked"):
     cpu_time = float(np.median(cpu_times[1:])) if len(cpu_times) > 1 else cpu_times[0]
     return {
         "model": model, "batch": batch, "seq": seq, "precision": precision, "policy": policy, "core": core,
+        "num_layers": num_layers, "spec_overrides": spec_overrides,
         "step_mem_gib": mem.step_gib, "base_gib": mem.base_gib, "peak_rss_gib": mem.rss_gib,
         "step_s": step_time, "step_cpu_s": cpu_time, "tokens_per_s": batch * seq / step_time, "loss": losses[-1],
     }

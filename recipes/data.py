@@ -26,6 +26,7 @@ import keras_hub
 import tensorflow as tf
 
 from recipes import vocab as vocab_lib
+from zoo.models.base import has_segments
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -189,6 +190,11 @@ def _classify_rows(docs, tokenizer, recipe, ids, labels):
                     num_parallel_calls=AUTOTUNE)
 
 
+def _with_segments(recipe, x):
+    """BERT also takes segment ids (one segment here); ModernBERT takes none."""
+    return {**x, "segment_ids": tf.zeros_like(x["token_ids"])} if has_segments(recipe.spec) else x
+
+
 def _masked_lm_batch(recipe, ids, vocabulary_size):
     masker = keras_hub.layers.MaskedLMMaskGenerator(
         vocabulary_size=vocabulary_size, mask_selection_rate=recipe.mask_rate, mask_token_id=ids["mask"],
@@ -198,10 +204,10 @@ def _masked_lm_batch(recipe, ids, vocabulary_size):
     def features(rows):
         masked = masker(rows)
         x = {
-            "token_ids": masked["token_ids"], "segment_ids": tf.zeros_like(rows),
-            "padding_mask": tf.ones_like(rows), "mask_positions": tf.cast(masked["mask_positions"], "int32"),
+            "token_ids": masked["token_ids"], "padding_mask": tf.ones_like(rows),
+            "mask_positions": tf.cast(masked["mask_positions"], "int32"),
         }
-        return x, tf.cast(masked["mask_ids"], "int32"), masked["mask_weights"]
+        return _with_segments(recipe, x), tf.cast(masked["mask_ids"], "int32"), masked["mask_weights"]
 
     return features
 
@@ -211,11 +217,10 @@ def _causal_lm_batch(rows):
     return x, rows[:, 1:]
 
 
-def _classify_batch(ids):
+def _classify_batch(recipe, ids):
     def features(token_ids, label):
-        x = {"token_ids": token_ids, "segment_ids": tf.zeros_like(token_ids),
-             "padding_mask": tf.cast(token_ids != ids["pad"], "int32")}
-        return x, label
+        x = {"token_ids": token_ids, "padding_mask": tf.cast(token_ids != ids["pad"], "int32")}
+        return _with_segments(recipe, x), label
 
     return features
 
@@ -250,5 +255,5 @@ def pipeline(recipe, tokenizer, docs, labels=None, training=True, skip=0) -> tf.
     elif recipe.task == "causal_lm":
         ds = ds.map(_causal_lm_batch, num_parallel_calls=AUTOTUNE)
     else:
-        ds = ds.map(_classify_batch(ids), num_parallel_calls=AUTOTUNE)
+        ds = ds.map(_classify_batch(recipe, ids), num_parallel_calls=AUTOTUNE)
     return ds.prefetch(AUTOTUNE)

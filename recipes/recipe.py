@@ -121,9 +121,10 @@ class Recipe:
             check(self.vocabulary is None, "weights= brings the checkpoint's own tokenizer; drop vocabulary=.")
             if self.model is not None:
                 pretrained.check_shape(self.weights, self.model)
-        family = self.spec.family  # raises for an unknown model
-        want = "llama" if self.task == "causal_lm" else "bert"
-        check(family == want, f"Task {self.task!r} needs a {want} model; {self.name!r} is a {family} model.")
+        kind = "decoder" if self.spec.is_decoder else "encoder"  # raises for an unknown model
+        want = "decoder" if self.task == "causal_lm" else "encoder"
+        check(kind == want, f"Task {self.task!r} needs a{'n' * (want == 'encoder')} {want} model; {self.name!r} "
+              f"is a {self.spec.family} {kind}.")
         if self.lora_rank is not None:
             lora.check_targets(self.spec, self.task, self.targets)
 
@@ -266,6 +267,12 @@ register("dec-large", _llama("dec-large", 3e-3, 0.1, "linear", 600_000,
 register("dec-1b", _llama("dec-1b", 4e-4, 0.1, "cosine", 1_430_000,
                           "TinyLlama-1.1B: cosine 4e-4 -> 4e-5; 2M-token batches need 8 x 2048 x 128, here 64.",
                           checkpointing="full"))
+# The newer families' names pretrain with the settings of the zoo model nearest their size; to
+# fine-tune a released checkpoint, use finetune-lm or classify with its weights.
+for _name, _like in {"qwen2.5-0.5b": "dec-large", "qwen3-0.6b": "dec-large", "gemma3-1b": "dec-1b",
+                     "modernbert-base": "enc-base", "modernbert-large": "enc-large"}.items():
+    register(_name, _RECIPES.get(_like).replace(
+        model=_name, notes=f"{_like}'s recipe on the {_name} shape ({_RECIPES.get(_like).notes.split(':')[0]})."))
 register("finetune-lm", Recipe(
     task="causal_lm", model="dec-base", learning_rate=5e-5, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
     weight_decay=0.0, clipnorm=1.0, warmup_steps=0, steps=1000, decay="linear", batch_size=8,

@@ -116,17 +116,17 @@ def _check_lengths(recipe):
 def _saved_tokenizer(recipe, out_dir):
     """The tokenizer a run already wrote into out_dir (None if there is none yet)."""
     saved = os.path.join(out_dir, TOKENIZER_DIR)
-    if not vocab_lib.files_in(saved, recipe.spec.family):
+    family = vocab_lib.family_of(recipe.spec)
+    if not vocab_lib.files_in(saved, family):
         return None
-    return zoo.hub.load_tokenizer(saved) if recipe.weights else vocab_lib.load(saved, recipe.spec.family,
-                                                                                recipe.lowercase)
+    return zoo.hub.load_tokenizer(saved) if recipe.weights else vocab_lib.load(saved, family, recipe.lowercase)
 
 
 def _tokenizer(recipe, out_dir, train_docs, scratch):
     """(tokenizer, its files): the one already in out_dir (resume), the pretrained
     weights' own, the recipe's vocabulary files, or one trained on the corpus
     (written to `scratch`)."""
-    family = recipe.spec.family
+    family = vocab_lib.family_of(recipe.spec)
     saved = os.path.join(out_dir, TOKENIZER_DIR)
     if (tokenizer := _saved_tokenizer(recipe, out_dir)) is not None:
         return tokenizer, saved
@@ -219,7 +219,7 @@ def _prepare(recipe, out_dir, train_docs, meta):
                 if recipe.weights:  # the checkpoint's tokenizer, settings included
                     shutil.copytree(source, tmp)
                 else:
-                    vocab_lib.copy(source, recipe.spec.family, tmp)
+                    vocab_lib.copy(source, vocab_lib.family_of(recipe.spec), tmp)
         write_json(os.path.join(out_dir, state.RUN_FILE), meta)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

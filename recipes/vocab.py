@@ -1,6 +1,8 @@
 """Tokenizers for training: keras-hub WordPiece for the BERT family, keras-hub
 byte-level BPE for the Llama family, each loaded from files or trained on the
 corpus when the model has none (zoo models ship shapes, not vocabularies).
+Every encoder trains BERT's kind (its pipelines need [CLS], [SEP], [MASK] and
+[PAD]) and every decoder Llama's: `family_of(spec)` says which.
 
 WordPiece vocabularies are trained with keras-hub's
 `compute_word_piece_vocabulary`. keras-hub has no BPE trainer, so byte-level BPE
@@ -20,6 +22,13 @@ WORDPIECE_SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
 EOS = "<|endoftext|>"
 WORDPIECE_FILE = tokenizers.WORDPIECE_FILE
 BPE_FILES = tokenizers.BPE_FILES
+
+
+def family_of(spec) -> str:
+    """The tokenizer family ("bert" or "llama") a run of `spec` trains or reads: ModernBERT
+    takes BERT's WordPiece, Qwen and Gemma Llama's byte-level BPE (a checkpoint's own
+    tokenizer comes through zoo.hub instead)."""
+    return "llama" if spec.is_decoder else "bert"
 
 
 def files_in(folder, family) -> bool:

@@ -31,8 +31,10 @@ def test_every_registered_model_has_a_recipe():
         assert recipe.task == ("causal_lm" if zoo.spec(name).is_decoder else "masked_lm")
         assert recipe.sequence_length <= zoo.spec(name).max_sequence_length
     assert recipes.get("classify", model="enc-mini").task == "classifier"
-    with pytest.raises(ValueError, match="needs a bert model"):
+    with pytest.raises(ValueError, match="needs an encoder model; 'dec-base' is a llama decoder"):
         recipes.get("classify", model="dec-base")
+    with pytest.raises(ValueError, match="needs a decoder model; 'modernbert-base' is a modernbert encoder"):
+        recipes.get("finetune-lm", model="modernbert-base")
 
 
 def shrunk_configurations():
@@ -67,6 +69,19 @@ def test_recipe_trains_on_real_text(name, tmp_path, recipes_news, recipes_reuter
     assert [step for step, _ in state.checkpoints(str(tmp_path))] == [10, 20]
     assert result.model.checkpointing == recipe.checkpointing
     assert result.model.dtype_policy.name == recipe.precision
+
+
+@pytest.mark.parametrize("name", ["modernbert-base", "gemma3-1b"])
+def test_newer_families_train_with_their_recipe(name, tmp_path, recipes_news, recipes_vocab):
+    """ModernBERT's masked LM takes no segment ids and trains BERT's WordPiece; Gemma 3 (sandwich norms,
+    Q/K norms, a scaled embedding, local layers) trains Llama's byte-level BPE: the loss falls."""
+    recipe = recipes.get(name)
+    recipe = tiny_recipe(name, steps=10, learning_rate=1e-3, log_every=5,
+                         vocabulary=recipes_vocab[recipes.vocab.family_of(recipe.spec)])
+    result = recipes.run(recipe, recipes_news, str(tmp_path), column="text", verbose=0)
+    losses = [row["loss"] for row in result.history]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.05, losses
+    assert result.model.spec.family == zoo.spec(name).family
 
 
 def _formula(t, peak, warmup, steps, decay, floor):

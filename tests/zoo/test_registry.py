@@ -6,7 +6,7 @@ import pytest
 import zoo
 from tests.common import TINY, TINY_DEC
 from zoo import models as zoo_models
-from zoo import shapes
+from zoo import registry, shapes
 
 # docs/design-notes.md's reference parameter counts for the ladder.
 REFERENCE = {
@@ -115,7 +115,8 @@ def test_missing_input_is_named():
         model({"token_ids": np.zeros((1, 4), "int32")})
 
 
-def test_register_refuses_silent_overwrite():
+def test_register_refuses_silent_overwrite(monkeypatch):
+    monkeypatch.setattr(registry._MODELS, "_items", dict(registry._MODELS._items))  # other tests see no test-dec-3
     custom = zoo.spec("dec-base").replace(num_layers=3)
     zoo.register("test-dec-3", custom)
     assert zoo.spec("test-dec-3").num_layers == 3
