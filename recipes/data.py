@@ -26,7 +26,6 @@ import keras_hub
 import tensorflow as tf
 
 from recipes import vocab as vocab_lib
-from zoo.models.base import has_segments
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -191,8 +190,8 @@ def _classify_rows(docs, tokenizer, recipe, ids, labels):
 
 
 def _with_segments(recipe, x):
-    """BERT also takes segment ids (one segment here); ModernBERT takes none."""
-    return {**x, "segment_ids": tf.zeros_like(x["token_ids"])} if has_segments(recipe.spec) else x
+    """BERT also takes segment ids (one segment here); ModernBERT takes none (`recipe.segments`)."""
+    return {**x, "segment_ids": tf.zeros_like(x["token_ids"])} if recipe.segments else x
 
 
 def _masked_lm_batch(recipe, ids, vocabulary_size):

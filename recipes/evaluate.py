@@ -29,6 +29,7 @@ class Settings:
     batch_size: int = 32
     shuffle_buffer: int = 1
     seed: int = 0
+    segments: bool = True  # the model takes segment ids (BERT; not ModernBERT)
 
 
 @dataclass
@@ -104,7 +105,8 @@ def evaluate(source, data, column=None, label_column=None, data_dir=None, batch_
     if model.task not in ("classifier", "causal_lm"):
         raise ValueError(f"zoo eval measures classifiers (accuracy) and causal LMs (perplexity); {source} is a "
                          f"{model.task!r} model.")
-    settings = Settings(model.task, _sequence_length(source, model, sequence_length), batch_size)
+    settings = Settings(model.task, _sequence_length(source, model, sequence_length), batch_size,
+                        segments="segment_ids" in model.input)
     if model.task == "classifier":
         return _classifier(model, tokenizer, settings, _labels_of(source), data, column, label_column, data_dir)
     return _perplexity(model, tokenizer, settings, data, column, data_dir)

@@ -14,6 +14,7 @@ import zoo
 from recipes import pretrained
 from zoo import checks, lora
 from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS, check_weights
+from zoo.models.base import has_segments
 from zoo.registry import Registry
 from zoo.training.fused import CLIPS
 
@@ -135,6 +136,11 @@ class Recipe:
         overrides = {k: v for k, v in self.model_overrides.items() if k != "num_classes"}
         base = pretrained.checkpoint(self.weights).spec if self.weights else zoo.spec(self.model)
         return base.replace(**overrides)
+
+    @property
+    def segments(self) -> bool:
+        """Whether the model takes segment ids (BERT does; ModernBERT and the decoders do not)."""
+        return has_segments(self.spec)
 
     def _weights(self) -> tuple:
         """zoo.checks.weights for this recipe: (dtype policy, rounding); a LoRA base is frozen."""

@@ -116,10 +116,10 @@ def _check_lengths(recipe):
 def _saved_tokenizer(recipe, out_dir):
     """The tokenizer a run already wrote into out_dir (None if there is none yet)."""
     saved = os.path.join(out_dir, TOKENIZER_DIR)
+    if recipe.weights:  # the checkpoint's own tokenizer, in whichever files it came (None if none yet)
+        return zoo.hub.load_tokenizer(saved) if os.path.isdir(saved) else None
     family = vocab_lib.family_of(recipe.spec)
-    if not vocab_lib.files_in(saved, family):
-        return None
-    return zoo.hub.load_tokenizer(saved) if recipe.weights else vocab_lib.load(saved, family, recipe.lowercase)
+    return vocab_lib.load(saved, family, recipe.lowercase) if vocab_lib.files_in(saved, family) else None
 
 
 def _tokenizer(recipe, out_dir, train_docs, scratch):
@@ -295,11 +295,14 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
         meta["base"] = base
     state.check_compatible(out_dir, meta)
 
+    # Seed before any tokenizer exists: TensorFlow's seed call clears the eager kernel cache, and with it
+    # the TF-text resource of a SentencePiece tokenizer made earlier (tf.data then fails: "Resource
+    # localhost/_0_SentencepieceOp ... does not exist").
+    keras.utils.set_random_seed(recipe.seed)
     tokenizer = _prepare(recipe, out_dir, train_docs, meta) if cluster.chief else None
     cluster.barrier()  # workers start once the chief's tokenizer, run.json and checkpoints are in place
     tokenizer = tokenizer or _chiefs_tokenizer(recipe, out_dir)
 
-    keras.utils.set_random_seed(recipe.seed)
     with cluster.scope():
         model = build(recipe, len(labels) if labels else None)
         model.optimizer.build(model.trainable_variables)

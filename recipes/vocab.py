@@ -65,15 +65,25 @@ def train(texts: tf.data.Dataset, family, vocabulary_size, folder, lowercase=Tru
     return load(folder, family, lowercase)
 
 
+# A checkpoint's end-of-text token, by the names its family gives it: ours and GPT-2's, SmolLM2's and
+# Qwen's; Llama 3's; Gemma's; Llama 2's and Mistral's.
+EOS_NAMES = (EOS, "<|end_of_text|>", "<eos>", "</s>")
+
+
 def special_ids(tokenizer) -> dict:
     """Ids of the special tokens a pipeline needs, by role."""
+    vocabulary = set(tokenizer.get_vocabulary())
     if isinstance(tokenizer, keras_hub.tokenizers.WordPieceTokenizer):
         roles = dict(zip(("pad", "cls", "sep", "unk", "mask"), WORDPIECE_SPECIALS))
+        missing = [token for token in roles.values() if token not in vocabulary]
+        if missing:
+            raise ValueError(f"The vocabulary lacks the special token(s) {missing}; add them or train a vocabulary.")
     else:
-        roles = {"eos": EOS}
-    missing = [token for token in roles.values() if token not in tokenizer.get_vocabulary()]
-    if missing:
-        raise ValueError(f"The vocabulary lacks the special token(s) {missing}; add them or train a vocabulary.")
+        eos = next((name for name in EOS_NAMES if name in vocabulary), None)
+        if eos is None:
+            raise ValueError(f"The vocabulary has no end-of-text token (looked for {', '.join(EOS_NAMES)}); add one "
+                             "or train a vocabulary.")
+        roles = {"eos": eos}
     return {role: tokenizer.token_to_id(token) for role, token in roles.items()}
 
 

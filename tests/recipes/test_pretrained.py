@@ -15,7 +15,7 @@ import pytest
 import recipes
 import zoo
 from recipes import vocab
-from tests.common import TINY_RECIPE, TINY_RECIPE_DEC
+from tests.common import REPO, TINY_RECIPE, TINY_RECIPE_DEC
 
 FAST = dict(batch_size=4, sequence_length=32, steps=4, warmup_steps=1, log_every=2, checkpoint_every=2,
             shuffle_buffer=16, precision="float32")
@@ -101,6 +101,23 @@ def test_classifier_fine_tune_then_eval_and_hf_out(bert_folder, recipes_reuters,
     # the Hugging Face folder is the same model: the same predictions
     assert recipes.evaluate(str(hf_out), reuters_test, label_column="label",
                             sequence_length=32).confusion == evaluation.confusion
+
+
+def test_gemma3_fine_tunes_from_a_folder_with_its_sentencepiece_tokenizer(recipes_news, tmp_path):
+    """A Gemma 3 folder (tokenizer.model, as Google's carry it; <eos> ends each document) fine-tunes
+    with `--weights`, and the run keeps the checkpoint's tokenizer file."""
+    from zoo.hub.tokenizers import load_tokenizer
+
+    sentencepiece = REPO / "tests" / "fixtures" / "sentencepiece"
+    keras.utils.set_random_seed(0)
+    model = zoo.get("gemma3-1b", task="causal_lm", **dict(TINY_RECIPE_DEC, vocab_size=336, num_kv_heads=1))
+    folder = zoo.hub.save(model, tmp_path / "gemma", tokenizer=load_tokenizer(sentencepiece))
+    recipe = recipes.get(weights=str(folder), **FAST)
+    assert recipe.model is None and recipe.spec.family == "gemma3"
+    result = recipes.run(recipe, recipes_news, str(tmp_path / "run"))
+    assert result.step == 4 and all(np.isfinite(row["loss"]) for row in result.history)
+    saved = tmp_path / "run" / "tokenizer" / "tokenizer.model"
+    assert saved.read_bytes() == (sentencepiece / "tokenizer.model").read_bytes()
 
 
 class Interrupt(keras.callbacks.Callback):

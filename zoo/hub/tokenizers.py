@@ -1,5 +1,6 @@
 """Tokenizer files in and out: Hugging Face `vocab.txt` (WordPiece), `vocab.json` +
-`merges.txt` (byte-level BPE) and `tokenizer.json` <-> keras-hub tokenizers.
+`merges.txt` (byte-level BPE), `tokenizer.model` (SentencePiece: Gemma, Llama 2, Mistral)
+and `tokenizer.json` <-> keras-hub tokenizers.
 
 The one place zoo reads tokenizer files: `zoo.hub.load` attaches the folder's
 tokenizer to the model, and the training recipes (`recipes.vocab`) load their
@@ -13,6 +14,7 @@ from pathlib import Path
 
 WORDPIECE_FILE = "vocab.txt"
 BPE_FILES = ("vocab.json", "merges.txt")
+SENTENCEPIECE_FILE = "tokenizer.model"
 
 
 def read_json(path) -> dict:
@@ -95,7 +97,9 @@ def load_tokenizer(folder):
 
     WordPiece (`vocab.txt`, or a WordPiece `tokenizer.json`) becomes `BertTokenizer`;
     byte-level BPE (`vocab.json` + `merges.txt`, or a BPE `tokenizer.json`) becomes
-    `BytePairTokenizer` with the special tokens kept whole.
+    `BytePairTokenizer` with the special tokens kept whole; a SentencePiece model
+    (`tokenizer.model`, which Gemma's folders ship beside their tokenizer.json) becomes
+    `SentencePieceTokenizer`.
 
     Args:
         folder: a Hugging Face model folder.
@@ -119,6 +123,8 @@ def load_tokenizer(folder):
         return wordpiece(folder, lowercase=lowercase)
     if all((folder / name).exists() for name in BPE_FILES):
         return byte_pair(folder, _specials(settings.get("added_tokens_decoder", {}).values()))
+    if (folder / SENTENCEPIECE_FILE).exists():  # the model its tokenizer.json was converted from, if any
+        return keras_hub.tokenizers.SentencePieceTokenizer(proto=str(folder / SENTENCEPIECE_FILE))
     if (folder / "tokenizer.json").exists():
         spec = read_json(folder / "tokenizer.json")
         model = spec["model"]
@@ -128,7 +134,8 @@ def load_tokenizer(folder):
             return keras_hub.models.BertTokenizer(vocabulary=vocab, lowercase=bool(lower))
         if model.get("type") == "BPE" and model.get("byte_fallback"):
             raise ValueError(f"{folder / 'tokenizer.json'} is a SentencePiece-style BPE (byte_fallback, as Gemma's), "
-                             "not byte-level BPE, which zoo reads; load with tokenizer=False and tokenize outside.")
+                             f"not byte-level BPE; zoo reads such a tokenizer from its SentencePiece model: add the "
+                             f"checkpoint's {SENTENCEPIECE_FILE} to the folder (or load with tokenizer=False).")
         if model.get("type") == "BPE":
             merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
             return _bpe(model["vocab"], merges, _specials(spec.get("added_tokens", [])))
@@ -170,6 +177,10 @@ def save_tokenizer(tokenizer, folder):
             config["added_tokens_decoder"] = {
                 str(tokenizer.vocabulary[t]): {"content": t, "special": True} for t in special
             }
+    elif isinstance(tokenizer, keras_hub.tokenizers.SentencePieceTokenizer):
+        (folder / SENTENCEPIECE_FILE).write_bytes(tokenizer.proto)
+        config = {}  # transformers picks the SentencePiece class from the model's config (GemmaTokenizer for Gemma)
     else:
-        raise TypeError(f"Cannot save a {type(tokenizer).__name__}; zoo saves WordPiece and byte-level BPE tokenizers.")
+        raise TypeError(f"Cannot save a {type(tokenizer).__name__}; zoo saves WordPiece, byte-level BPE and "
+                        "SentencePiece tokenizers.")
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
