@@ -68,8 +68,8 @@ def check_labels(weights: str, labels):
 def tokenizer(weights: str):
     found = zoo.hub.load_tokenizer(checkpoint(weights).folder)
     if found is None:
-        raise FileNotFoundError(f"{weights} has no tokenizer files (vocab.txt, vocab.json + merges.txt or "
-                                "tokenizer.json); fine-tuning uses the checkpoint's own tokenizer.")
+        raise FileNotFoundError(f"{weights} has no tokenizer files (vocab.txt, vocab.json + merges.txt, "
+                                "tokenizer.model or tokenizer.json); fine-tuning uses the checkpoint's own tokenizer.")
     return found
 
 

@@ -277,8 +277,9 @@ register("dec-1b", _llama("dec-1b", 4e-4, 0.1, "cosine", 1_430_000,
 # fine-tune a released checkpoint, use finetune-lm or classify with its weights.
 for _name, _like in {"qwen2.5-0.5b": "dec-large", "qwen3-0.6b": "dec-large", "gemma3-1b": "dec-1b",
                      "modernbert-base": "enc-base", "modernbert-large": "enc-large"}.items():
-    register(_name, _RECIPES.get(_like).replace(
-        model=_name, notes=f"{_like}'s recipe on the {_name} shape ({_RECIPES.get(_like).notes.split(':')[0]})."))
+    _source = _RECIPES.get(_like)
+    register(_name, _source.replace(model=_name, notes=f"{_like}'s recipe on the {_name} shape "
+                                                       f"({_source.notes.split(':')[0]})."))
 register("finetune-lm", Recipe(
     task="causal_lm", model="dec-base", learning_rate=5e-5, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
     weight_decay=0.0, clipnorm=1.0, warmup_steps=0, steps=1000, decay="linear", batch_size=8,

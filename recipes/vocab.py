@@ -65,11 +65,6 @@ def train(texts: tf.data.Dataset, family, vocabulary_size, folder, lowercase=Tru
     return load(folder, family, lowercase)
 
 
-# A checkpoint's end-of-text token, by the names its family gives it: ours and GPT-2's, SmolLM2's and
-# Qwen's; Llama 3's; Gemma's; Llama 2's and Mistral's.
-EOS_NAMES = (EOS, "<|end_of_text|>", "<eos>", "</s>")
-
-
 def special_ids(tokenizer) -> dict:
     """Ids of the special tokens a pipeline needs, by role."""
     vocabulary = set(tokenizer.get_vocabulary())
@@ -79,10 +74,11 @@ def special_ids(tokenizer) -> dict:
         if missing:
             raise ValueError(f"The vocabulary lacks the special token(s) {missing}; add them or train a vocabulary.")
     else:
-        eos = next((name for name in EOS_NAMES if name in vocabulary), None)
+        eos = next((name for name in tokenizers.END_OF_TEXT if name in vocabulary), None)
         if eos is None:
-            raise ValueError(f"The vocabulary has no end-of-text token (looked for {', '.join(EOS_NAMES)}); add one "
-                             "or train a vocabulary.")
+            names = ", ".join(tokenizers.END_OF_TEXT)
+            raise ValueError(f"The vocabulary has no end-of-text token (looked for {names}); add one or train a "
+                             "vocabulary.")
         roles = {"eos": eos}
     return {role: tokenizer.token_to_id(token) for role, token in roles.items()}
 

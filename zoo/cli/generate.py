@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 
 from zoo.generation import SAMPLERS, detokenize, generate, stream, trim
+from zoo.hub.tokenizers import END_OF_TEXT
 from zoo.loading import TOKENIZER_DIR, load
 
 
 def _stop_ids(tokenizer, args):
     """--stop tokens as ids; by default the tokenizer's end token, when it has one."""
-    tokens = args.stop if args.stop is not None else ["<|endoftext|>", "</s>", "<|im_end|>"]
+    tokens = args.stop if args.stop is not None else [*END_OF_TEXT, "<|im_end|>"]  # and chat models' turn end
     vocabulary = set(tokenizer.get_vocabulary())
     if args.stop is not None:
         missing = [t for t in tokens if t not in vocabulary]
@@ -36,7 +37,8 @@ def _tflite(args):
     folder = Path(args.tokenizer)
     tokenizer = load_tokenizer(folder / TOKENIZER_DIR if (folder / TOKENIZER_DIR).is_dir() else folder)
     if tokenizer is None:
-        raise ValueError(f"{folder} holds no tokenizer files (tokenizer.json, vocab.json + merges.txt or vocab.txt).")
+        raise ValueError(f"{folder} holds no tokenizer files (tokenizer.json, tokenizer.model, vocab.json + merges.txt "
+                         "or vocab.txt).")
     runner = LiteRTGenerator(args.tflite)
     stop = _stop_ids(tokenizer, args)
     for prompt in [args.model, *args.prompt]:

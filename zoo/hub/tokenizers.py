@@ -15,6 +15,9 @@ from pathlib import Path
 WORDPIECE_FILE = "vocab.txt"
 BPE_FILES = ("vocab.json", "merges.txt")
 SENTENCEPIECE_FILE = "tokenizer.model"
+# End-of-text tokens by the names checkpoints give them: GPT-2's, SmolLM2's and Qwen's; Llama 3's;
+# Gemma's; Llama 2's and Mistral's.
+END_OF_TEXT = ("<|endoftext|>", "<|end_of_text|>", "<eos>", "</s>")
 
 
 def read_json(path) -> dict:
