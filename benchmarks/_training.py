@@ -45,10 +45,10 @@ def pretraining_task(model) -> str:
     return "causal_lm" if zoo.spec(model).is_decoder else "masked_lm"
 
 
-def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=None, optimizer="adam", fused=False,
+def compiled_model(model, policy, precision, seq, core=None, chunk_size=None, optimizer="adam", fused=False,
                    loss_chunk=None, clip=1.0, weights_dtype="float32", num_layers=None, lora_rank=None,
                    lora_targets=None, quantize=None, spec_overrides=None):
-    """`weights_dtype` "bfloat16": the "bfloat16" policy and stochastic rounding (zoo.checks.weights);
+    """`core`, `chunk_size`: the attention core (None: the model's default); `weights_dtype` "bfloat16": the "bfloat16" policy and stochastic rounding (zoo.checks.weights);
     `num_layers`: fewer blocks (smoke runs); `lora_rank`/`quantize`: LoRA on a (quantized) frozen base;
     `spec_overrides`: other ModelSpec fields (long_context.py's all-global copy of a windowed model)."""
     from zoo import checks
@@ -63,7 +63,8 @@ def compiled_model(model, policy, precision, seq, core="chunked", chunk_size=Non
     precision, rounding = checks.weights(weights_dtype, precision, frozen=bool(lora_rank))
     keras.utils.set_random_seed(0)  # same weights and data in every variant
     m = zoo.get(model, checkpointing=policy, dtype=precision, task=task, **overrides)
-    m.set_attention(core, chunk_size)
+    if core is not None or chunk_size is not None:
+        m.set_attention(core or m.attention[0], chunk_size)
     if quantize:  # LoRA on a frozen quantized base (zoo.lora), as `zoo train --lora-rank --quantize` builds it
         zoo.lora.quantize_base(m, quantize)
     if lora_rank:
@@ -104,7 +105,7 @@ def train_steps(m, x, y, steps):
     times, cpu_times, losses = [], [], []
     for _ in range(steps):
         start, cpu_start = time.perf_counter(), time.process_time()
-        losses.append(float(m.train_on_batch(x, y)))
+        losses.append(float(np.ravel(m.train_on_batch(x, y))[0]))  # a list where the model has metrics
         times.append(time.perf_counter() - start)
         cpu_times.append(time.process_time() - cpu_start)
     return times, cpu_times, losses

@@ -38,6 +38,31 @@ def test_attention_core_matches_naive_grouped_query_attention(core):
             np.testing.assert_allclose(out[bi, :, hi], probs @ vh, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal,rate", [(True, 0.0), (False, 0.3), (True, 0.3)])
+def test_one_tile_runs_without_loops_and_equals_plain(causal, rate):
+    """A sequence no longer than the chunk is one tile: the chunked core runs it as straight-line ops
+    (no While in the graph, forward or backward) and still equals the plain core, dropout included."""
+    rng = np.random.default_rng(1)
+    q, k, v = (tf.constant(rng.normal(size=(2, 12, n, 8)).astype("float32")) for n in (4, 2, 2))
+    options = dict(key_mask=tf.constant([[1] * 12, [1] * 9 + [0] * 3]), causal=causal, rate=rate,
+                   seed=tf.constant([5, 6], "int64") if rate else None)
+    cotangent = tf.constant(rng.normal(size=(2, 12, 4, 8)).astype("float32"))
+
+    def with_gradients(core, chunk_size):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v])
+            loss = tf.reduce_sum(core(q, k, v, chunk_size=chunk_size, **options) * cotangent)
+        return [loss] + tape.gradient(loss, [q, k, v])
+
+    chunked = tf.function(lambda: with_gradients(chunked_attention, None))
+    ops = {op.type for op in chunked.get_concrete_function().graph.get_operations()}
+    assert not ops & {"While", "StatelessWhile"}, "one tile should not loop"
+    looped = tf.function(lambda: with_gradients(chunked_attention, 5)).get_concrete_function().graph
+    assert {op.type for op in looped.get_operations()} & {"While", "StatelessWhile"}  # three tiles do
+    for a, b in zip(with_gradients(plain_attention, None), chunked()):
+        np.testing.assert_allclose(b, a, atol=2e-5, rtol=1e-5)
+
+
 def test_stateless_dropout_is_repeatable_and_unbiased():
     x = tf.ones((256, 256))
     seed = tf.constant([3, 4], "int64")
@@ -53,7 +78,7 @@ def test_bad_attention_choices_name_the_problem():
     from tests.common import TINY_DEC
 
     model = zoo.get("dec-base", **TINY_DEC)
-    with pytest.raises(ValueError, match="known cores: chunked, plain"):
+    with pytest.raises(ValueError, match="known cores: auto, chunked, plain"):
         model.set_attention("flash")
     with pytest.raises(ValueError, match="positive number of positions"):
         model.set_attention("chunked", 0)

@@ -82,11 +82,17 @@ def test_chunked_core_estimate_by_hand(spec, precision, activation_bytes):
     expected = {"none": 2 * layer + TILES, "selective": 2 * layer + TILES,
                 "full": 2 * (2 * SBH) * activation_bytes // 2 + layer + TILES}
     for policy, activations in expected.items():
-        assert memory.estimate(spec, B, S, precision, policy).activations == activations, policy
+        assert memory.estimate(spec, B, S, precision, policy, attention="chunked").activations == activations, policy
+    # The default core ("auto") is the plain one under "none" and the chunked one under the others, as models pick it.
+    for policy in expected:
+        core = "plain" if policy == "none" else "chunked"
+        assert memory.estimate(spec, B, S, precision, policy) == memory.estimate(spec, B, S, precision, policy,
+                                                                                   attention=core), policy
     # Linear in s beyond one chunk: 8 times the length is 8 times the activations when the tiles are 4 x 4.
-    short, long = (memory.estimate(spec, B, n, precision, "none", chunk_size=4).activations for n in (16, 128))
+    short, long = (memory.estimate(spec, B, n, precision, "none", attention="chunked", chunk_size=4).activations
+                   for n in (16, 128))
     assert long - TILES // 16 == 8 * (short - TILES // 16)
-    with pytest.raises(ValueError, match="known cores: chunked, plain"):
+    with pytest.raises(ValueError, match="known cores: auto, chunked, plain"):
         memory.estimate(spec, B, S, attention="flash")
 
 
@@ -116,8 +122,8 @@ def test_estimate_grows_with_batch_length_and_layers(spec, policy):
     assert total[3, 16, 2] >= base and total[2, 32, 2] >= base and total[2, 16, 3] > base, total
     e = {p: memory.estimate(spec, 2, 16, "float32", p, attention="plain") for p in zoo.POLICIES}
     assert e["full"].activations < e["selective"].activations < e["none"].activations
-    e = {p: memory.estimate(spec, 2, 16, "float32", p) for p in zoo.POLICIES}  # chunked: selective is none
-    assert e["full"].activations < e["selective"].activations == e["none"].activations
+    e = {p: memory.estimate(spec, 2, 16, "float32", p, attention="chunked") for p in zoo.POLICIES}
+    assert e["full"].activations < e["selective"].activations == e["none"].activations  # chunked: selective is none
 
 
 def test_largest_batch_is_the_last_that_fits():

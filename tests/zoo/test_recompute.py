@@ -205,6 +205,34 @@ def test_policy_switches_on_a_built_model(core, selective_wrappers):
         model.set_checkpointing("half")
 
 
+def test_auto_core_follows_the_policy(monkeypatch):
+    """The default core: the plain one (probabilities saved, the fastest) when training under "none";
+    the chunked one under "selective" and "full", and in inference (one tile runs without loops)."""
+    from zoo.ops import attention_core
+
+    model = zoo.get("dec-base", **FAMILIES["dec-base"])
+    assert model.attention == ("auto", None)
+    x = make_inputs("dec-base", masked=True)
+    used = []
+    for name in ("plain_attention", "chunked_attention"):
+        real = getattr(attention_core, name)
+        monkeypatch.setattr(attention_core, name,
+                            lambda *a, _real=real, _name=name, **k: used.append(_name.split("_")[0]) or _real(*a, **k))
+    for policy, training, core in [("none", True, "plain"), ("selective", True, "chunked"), ("full", True, "chunked"),
+                                   ("none", False, "chunked")]:
+        model.set_checkpointing(policy)
+        used.clear()
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(model(x, training=training)["logits"])
+        tape.gradient(loss, model.trainable_variables)
+        assert set(used) == {core}, (policy, training, used)
+    model.set_attention("chunked")  # an explicit choice holds under every policy
+    model.set_checkpointing("none")
+    used.clear()
+    model(x, training=True)
+    assert set(used) == {"chunked"}
+
+
 def test_policy_switch_retraces_compiled_training(monkeypatch):
     """The compiled train step is traced again after a switch, and the new trace holds one
     recomputation wrapper per block (the wrapper runs at trace time, so counting its calls

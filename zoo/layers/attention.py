@@ -6,6 +6,7 @@ Projections are separate `Dense` layers (q, k, v, o) so that Hugging Face
 (ModernBERT's fused Wqkv is split on load: zoo.hub.weights).
 The core and its chunk size are runtime choices (`ZooModel.set_attention`),
 like the checkpointing policy: they change memory and speed, never the weights.
+The default core, "auto", follows the policy (`core_for`).
 """
 
 import keras
@@ -41,7 +42,7 @@ class Attention(keras.layers.Layer):
         super().__init__(**kwargs)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.causal, self.scale, self.window = causal, scale, window
-        self.core, self.chunk_size = "chunked", None  # set_attention() changes them; not part of the config
+        self.core, self.chunk_size = "auto", None  # set_attention() changes them; not part of the config
         self.use_bias, self.rotary_theta, self.dropout = use_bias, rotary_theta, dropout
         self.qkv_bias = use_bias if qkv_bias is None else qkv_bias
         self.rope_scaling = dict(rope_scaling) if rope_scaling else None  # Llama 3 frequency scaling
@@ -87,11 +88,20 @@ class Attention(keras.layers.Layer):
     def _heads(self, x, n):
         return ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1], n, self.head_dim))
 
+    def core_for(self, keep_scores=False):
+        """The core a call runs: the chosen one, or for "auto" the plain core (its probabilities saved
+        for the backward pass, the fastest) when the caller keeps every activation (`keep_scores`:
+        training under "none"), else the chunked one (no s x s matrix kept or recomputed whole)."""
+        if self.core != "auto":
+            return self.core
+        return "plain" if keep_scores else "chunked"
+
     def call(self, x, padding_mask=None, seed=None, training=False, recompute_core=False, cache=None,
-             cache_index=0):
+             cache_index=0, keep_scores=False):
         """`padding_mask` [B, T] marks the keys that may be attended (1 = a real token).
         `cache` [B, 2, T, KV, D] holds earlier keys/values for incremental decoding;
-        `cache_index` is where `x`'s positions start. Returns (output, cache)."""
+        `cache_index` is where `x`'s positions start; `keep_scores`: see `core_for`.
+        Returns (output, cache)."""
         query = self._heads(self.query_dense(x), self.num_heads)
         key = self._heads(self.key_dense(x), self.num_kv_heads)
         value = self._heads(self.value_dense(x), self.num_kv_heads)
@@ -105,8 +115,9 @@ class Attention(keras.layers.Layer):
             key = ops.slice_update(cache[:, 0], start, ops.cast(key, cache.dtype))
             value = ops.slice_update(cache[:, 1], start, ops.cast(value, cache.dtype))
             cache = ops.stack([key, value], axis=1)
+        core_name = self.core_for(keep_scores)
         options = dict(
-            core=self.core, key_mask=padding_mask, causal=self.causal, query_offset=cache_index,
+            core=core_name, key_mask=padding_mask, causal=self.causal, query_offset=cache_index,
             rate=self.dropout if training else 0.0, seed=seed, chunk_size=self.chunk_size, window=self.window,
             scale=self.scale,
         )
@@ -115,12 +126,12 @@ class Attention(keras.layers.Layer):
             return attention(q, k, v, **options)
 
         # The chunked core's own backward already keeps no probabilities: recomputing it would only add work.
-        recompute_core = recompute_core and self.core == "plain"
+        recompute_core = recompute_core and core_name == "plain"
         out = recompute(core, query, key, value) if recompute_core else core(query, key, value)
         out = ops.reshape(out, (ops.shape(out)[0], ops.shape(out)[1], self.num_heads * self.head_dim))
         return self.output_dense(out), cache
 
-    def set_core(self, core="chunked", chunk_size=None):
+    def set_core(self, core="auto", chunk_size=None):
         check_core(core)
         check_chunk_size(chunk_size)
         self.core, self.chunk_size = core, chunk_size

@@ -88,7 +88,9 @@ class TransformerBlock(keras.layers.Layer):
         if training and self.checkpointing == "full":
             return recompute(lambda h: self.replay(h, padding_mask, seed), x)
         recompute_core = training and self.checkpointing == "selective"
-        return self._forward(x, mask=padding_mask, seed=seed, training=training, recompute_core=recompute_core)[0]
+        keep_scores = training and self.checkpointing == "none"  # "none" keeps everything: the fastest core
+        return self._forward(x, mask=padding_mask, seed=seed, training=training, recompute_core=recompute_core,
+                             keep_scores=keep_scores)[0]
 
     def draw_seed(self):
         """The training call's one draw, which seeds every dropout in the block (None without dropout)."""
@@ -103,12 +105,13 @@ class TransformerBlock(keras.layers.Layer):
         """Inference with a key/value cache: returns (output, updated cache)."""
         return self._forward(x, mask=padding_mask, cache=cache, cache_index=cache_index)
 
-    def _forward(self, x, mask, seed=None, training=False, recompute_core=False, cache=None, cache_index=0):
+    def _forward(self, x, mask, seed=None, training=False, recompute_core=False, cache=None, cache_index=0,
+                 keep_scores=False):
         rate = self.dropout if training else 0.0
 
         def attend(h):
-            return self.attention(h, padding_mask=mask, seed=seed, training=training,
-                                  recompute_core=recompute_core, cache=cache, cache_index=cache_index)
+            return self.attention(h, padding_mask=mask, seed=seed, training=training, recompute_core=recompute_core,
+                                  cache=cache, cache_index=cache_index, keep_scores=keep_scores)
 
         def drop(h, site):
             return stateless_dropout(h, rate, seed, site=site)

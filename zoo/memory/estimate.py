@@ -200,7 +200,7 @@ def split_config(checkpointing, fused=False, accumulation_steps: int = 1) -> tup
 
 
 def estimate(spec, batch_size: int, sequence_length: int, precision: str | None = None,
-             checkpointing="none", task=None, optimizer: str = "adamw", attention: str = "chunked",
+             checkpointing="none", task=None, optimizer: str = "adamw", attention: str = "auto",
              chunk_size: int | None = None, fused: bool = False, loss_chunk: int | None = None,
              accumulation_steps: int = 1, weights_dtype: str = "float32", lora_rank: int | None = None,
              lora_targets=None, quantize: str | None = None) -> MemoryEstimate:
@@ -217,7 +217,8 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
         optimizer: a row of the optimizer table (`OPTIMIZERS`): "adamw"/"adam" (two moments),
             "lion" (one), "adafactor" (zoo.optimizers': float32 row and column statistics
             only), "keras-adafactor" (a full-size velocity besides them) or "sgd".
-        attention: the attention core, "chunked" (default) or "plain".
+        attention: the attention core, "auto" (default: as a model picks it, "plain" under
+            "none", "chunked" under the other policies), "chunked" or "plain".
         chunk_size: the chunked core's tile side; None: as the model picks it.
         fused: the optimizer step inside the backward pass, block by block (needs "full").
         loss_chunk: causal_lm only: positions per chunk of the LM loss; None: the default
@@ -254,6 +255,8 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
     block_params = count(block)
 
     check_core(attention)
+    if attention == "auto":
+        attention = "plain" if policy == "none" else "chunked"
     b, seq, h, a = batch_size, sequence_length, s.hidden_dim, s.num_heads
     scale = _activation_bytes(precision) / 2  # the formula counts 16-bit activations
     per_layer_no_core = (seq * b * h * 34 + _family_extra_16(s, b, seq)) * scale

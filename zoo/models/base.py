@@ -114,10 +114,12 @@ class ZooModel(keras.Model):
         """(core, chunk_size) of every block's attention."""
         return {(block.attention.core, block.attention.chunk_size) for block in blocks_of(self)}.pop()
 
-    def set_attention(self, core="chunked", chunk_size=None) -> tuple:
-        """Choose the attention core of a built model: "chunked" (default; memory linear
-        in the sequence length) or "plain" (the s×s reference). `chunk_size=None`
-        picks it from the sequence length. Compiled functions retrace; weights stay.
+    def set_attention(self, core="auto", chunk_size=None) -> tuple:
+        """Choose the attention core of a built model: "auto" (default: "plain" when training
+        under checkpointing "none", which keeps every activation and is the fastest; "chunked"
+        otherwise), "chunked" (memory linear in the sequence length) or "plain" (the s×s
+        scores held whole). `chunk_size=None` picks it from the sequence length.
+        Compiled functions retrace; weights stay.
 
         Example:
         >>> model.set_attention("chunked", chunk_size=256)

@@ -38,7 +38,7 @@ import tensorflow as tf
 from zoo.ops.dropout import replica_uniform
 from zoo.ops.ordering import unfolded_zeros
 
-CORES = ("chunked", "plain")
+CORES = ("auto", "chunked", "plain")  # "auto": a layer's choice by policy (zoo.layers.attention.core_for)
 DEFAULT_CHUNK = 512  # a [B, H, 512, 512] float32 tile: 1 MiB per batch row and head
 _MASKED = -1e9  # a masked score; exp(_MASKED - m) is exactly 0 whenever a row has a real score
 _NO_KEY = -5e8  # a row whose running max stays below this attended to no key
@@ -125,6 +125,16 @@ def _ceil_div(a, b):
 def _length(x, axis):
     static = x.shape[axis]
     return static if static is not None else tf.shape(x)[axis]
+
+
+def _loop(start, stop, body, loop_vars):
+    """`tf.while_loop` over [start, stop), or the body called once where the range is statically
+    one step: a sequence that is one tile (every sequence up to the chunk size) then runs as
+    straight-line ops, with none of a loop's per-iteration cost or its slower tracing."""
+    if isinstance(start, int) and isinstance(stop, int) and stop - start == 1:
+        return body(start, *loop_vars)
+    return tf.while_loop(lambda j, *_: j < stop, body, (tf.convert_to_tensor(start), *loop_vars),
+                         parallel_iterations=1)
 
 
 def _tile_seed(seed, i, j):
@@ -294,11 +304,7 @@ def _forward(t: _Tiles):
 
         m0 = tf.fill(stats_shape, float("-inf"))
         acc0 = unfolded_zeros(tf.concat([stats_shape, [t.head_dim]], 0), tf.float32, q)
-        start, stop = t.key_chunks_for(i)
-        _, m, total, acc = tf.while_loop(
-            lambda j, *_: j < stop, key_chunk,
-            (tf.convert_to_tensor(start), m0, tf.zeros(stats_shape, tf.float32), acc0), parallel_iterations=1,
-        )
+        _, m, total, acc = _loop(*t.key_chunks_for(i), key_chunk, (m0, tf.zeros(stats_shape, tf.float32), acc0))
         has_key = m > _NO_KEY
         out = tf.where(has_key[..., None], acc, 0.0)  # [B, KV, G, cq, D]
         lse = tf.where(has_key, m + tf.math.log(total), float("inf"))  # +inf: the backward's exp() gives 0
@@ -308,8 +314,7 @@ def _forward(t: _Tiles):
     batch, cq = t.static_batch, t.cq if isinstance(t.cq, int) else None
     outputs = tf.TensorArray(tf.float32, size=t.nq, element_shape=[batch, cq, t.heads, t.head_dim])
     lses = tf.TensorArray(tf.float32, size=t.nq, element_shape=[batch, t.kv_heads, t.group, cq])
-    _, outputs, lses = tf.while_loop(lambda i, *_: i < t.nq, query_chunk, (tf.constant(0), outputs, lses),
-                                     parallel_iterations=1)
+    _, outputs, lses = _loop(0, t.nq, query_chunk, (outputs, lses))
     return t.unchunk(outputs.stack(), t.query_length), lses.stack()
 
 
@@ -345,18 +350,12 @@ def _backward(t: _Tiles, out, lse, d_out):
             d_values = tf.tensor_scatter_nd_add(d_values, [[j]], tf.cast(d_v, tf.float32)[None])
             return j + 1, d_q, d_keys, d_values
 
-        start, stop = t.key_chunks_for(i)
-        _, d_q, d_keys, d_values = tf.while_loop(
-            lambda j, *_: j < stop, key_chunk,
-            (tf.convert_to_tensor(start), unfolded_zeros(tf.shape(q), tf.float32, q), d_keys, d_values),
-            parallel_iterations=1,
-        )
+        _, d_q, d_keys, d_values = _loop(*t.key_chunks_for(i), key_chunk,
+                                         (unfolded_zeros(tf.shape(q), tf.float32, q), d_keys, d_values))
         return i + 1, d_queries.write(i, tf.cast(d_q, t.dtype)), d_keys, d_values
 
     d_queries = tf.TensorArray(t.dtype, size=t.nq, element_shape=t.q.shape[1:])
-    _, d_queries, d_keys, d_values = tf.while_loop(
-        lambda i, *_: i < t.nq, query_chunk, (tf.constant(0), d_queries, zeros_kv, zeros_kv), parallel_iterations=1,
-    )
+    _, d_queries, d_keys, d_values = _loop(0, t.nq, query_chunk, (d_queries, zeros_kv, zeros_kv))
     d_query = t.unchunk(d_queries.stack(), t.query_length)
     d_query = tf.reshape(d_query, tf.stack([t.batch, t.query_length, t.heads, t.head_dim]))
     return d_query, t.unchunk(tf.cast(d_keys, t.dtype), t.key_length), t.unchunk(tf.cast(d_values, t.dtype),
@@ -386,6 +385,7 @@ def chunked_attention(query, key, value, key_mask=None, causal=False, query_offs
 
 
 def attention(query, key, value, core="chunked", **kwargs):
-    """Dispatch to one of `CORES`; the keyword arguments are the cores' own."""
-    check_core(core)
+    """Dispatch to "chunked" or "plain"; the keyword arguments are the cores' own."""
+    if core not in ("chunked", "plain"):
+        raise ValueError(f"attention() runs a resolved core, 'chunked' or 'plain', not {core!r}.")
     return (chunked_attention if core == "chunked" else plain_attention)(query, key, value, **kwargs)
