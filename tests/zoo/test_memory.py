@@ -88,6 +88,11 @@ def test_chunked_core_estimate_by_hand(spec, precision, activation_bytes):
         core = "plain" if policy == "none" else "chunked"
         assert memory.estimate(spec, B, S, precision, policy) == memory.estimate(spec, B, S, precision, policy,
                                                                                    attention=core), policy
+    # ... on one chunk of positions: past it, "none" too runs the chunked core.
+    assert memory.estimate(spec, B, S, precision, "none", chunk_size=S // 2) == memory.estimate(
+        spec, B, S, precision, "none", attention="chunked", chunk_size=S // 2)
+    assert memory.estimate(spec, B, 1024, precision, "none") == memory.estimate(spec, B, 1024, precision, "none",
+                                                                                  attention="chunked")
     # Linear in s beyond one chunk: 8 times the length is 8 times the activations when the tiles are 4 x 4.
     short, long = (memory.estimate(spec, B, n, precision, "none", attention="chunked", chunk_size=4).activations
                    for n in (16, 128))

@@ -14,7 +14,7 @@ from keras import ops
 
 from zoo.layers.initializers import init
 from zoo.layers.norm import make_norm
-from zoo.ops.attention_core import attention, check_chunk_size, check_core
+from zoo.ops.attention_core import DEFAULT_CHUNK, attention, check_chunk_size, check_core
 from zoo.ops.recompute import recompute
 
 
@@ -88,13 +88,15 @@ class Attention(keras.layers.Layer):
     def _heads(self, x, n):
         return ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1], n, self.head_dim))
 
-    def core_for(self, keep_scores=False):
-        """The core a call runs: the chosen one, or for "auto" the plain core (its probabilities saved
-        for the backward pass, the fastest) when the caller keeps every activation (`keep_scores`:
-        training under "none"), else the chunked one (no s x s matrix kept or recomputed whole)."""
+    def core_for(self, keep_scores=False, key_length=None):
+        """The core a call runs: the chosen one, or for "auto" the plain core (probabilities saved for
+        the backward pass: the fastest) when the caller keeps every activation (`keep_scores`: training
+        under "none") and the keys are one tile (a static length up to the chunk size, 512 by default,
+        where the chunked core's memory would be no lower); else the chunked one."""
         if self.core != "auto":
             return self.core
-        return "plain" if keep_scores else "chunked"
+        one_tile = key_length is not None and key_length <= (self.chunk_size or DEFAULT_CHUNK)
+        return "plain" if keep_scores and one_tile else "chunked"
 
     def call(self, x, padding_mask=None, seed=None, training=False, recompute_core=False, cache=None,
              cache_index=0, keep_scores=False):
@@ -115,7 +117,7 @@ class Attention(keras.layers.Layer):
             key = ops.slice_update(cache[:, 0], start, ops.cast(key, cache.dtype))
             value = ops.slice_update(cache[:, 1], start, ops.cast(value, cache.dtype))
             cache = ops.stack([key, value], axis=1)
-        core_name = self.core_for(keep_scores)
+        core_name = self.core_for(keep_scores, key.shape[1])
         options = dict(
             core=core_name, key_mask=padding_mask, causal=self.causal, query_offset=cache_index,
             rate=self.dropout if training else 0.0, seed=seed, chunk_size=self.chunk_size, window=self.window,

@@ -218,7 +218,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
             "lion" (one), "adafactor" (zoo.optimizers': float32 row and column statistics
             only), "keras-adafactor" (a full-size velocity besides them) or "sgd".
         attention: the attention core, "auto" (default: as a model picks it, "plain" under
-            "none", "chunked" under the other policies), "chunked" or "plain".
+            "none" up to one chunk of positions, "chunked" otherwise), "chunked" or "plain".
         chunk_size: the chunked core's tile side; None: as the model picks it.
         fused: the optimizer step inside the backward pass, block by block (needs "full").
         loss_chunk: causal_lm only: positions per chunk of the LM loss; None: the default
@@ -255,8 +255,8 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
     block_params = count(block)
 
     check_core(attention)
-    if attention == "auto":
-        attention = "plain" if policy == "none" else "chunked"
+    if attention == "auto":  # as zoo.layers.attention's core_for picks it
+        attention = "plain" if policy == "none" and sequence_length <= (chunk_size or DEFAULT_CHUNK) else "chunked"
     b, seq, h, a = batch_size, sequence_length, s.hidden_dim, s.num_heads
     scale = _activation_bytes(precision) / 2  # the formula counts 16-bit activations
     per_layer_no_core = (seq * b * h * 34 + _family_extra_16(s, b, seq)) * scale

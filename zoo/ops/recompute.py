@@ -5,9 +5,11 @@ to be confused with training checkpoints on disk.
 as the wrapped function takes its tensors positionally (masks, seeds and flags go in a closure).
 `keras.RematScope` is not usable on TensorFlow (docs/design-notes.md: Recomputation).
 
-Policies: "none" keeps every activation; "full" keeps each block's input and recomputes the
-block; "selective" recomputes only the attention core (QKᵀ, softmax, dropout, ·V), which the
-chunked core never keeps anyway, so under it "selective" runs the same graph as "none".
+Policies, speed against memory: "none" keeps every activation (and, with the default attention
+core, the s×s probabilities of a one-tile sequence: the fastest); "selective" drops exactly the
+attention core's s×s working set (QKᵀ, softmax, dropout: the chunked core recomputes them per tile
+in its own backward; a chosen plain core is recomputed here); "full" keeps each block's input and
+recomputes the block.
 """
 
 import tensorflow as tf
