@@ -48,7 +48,8 @@ def pretraining_task(model) -> str:
 def compiled_model(model, policy, precision, seq, core=None, chunk_size=None, optimizer="adam", fused=False,
                    loss_chunk=None, clip=1.0, weights_dtype="float32", num_layers=None, lora_rank=None,
                    lora_targets=None, quantize=None, spec_overrides=None):
-    """`core`, `chunk_size`: the attention core (None: the model's default); `weights_dtype` "bfloat16": the "bfloat16" policy and stochastic rounding (zoo.checks.weights);
+    """`core`, `chunk_size`: the attention core (None: the model's default);
+    `weights_dtype` "bfloat16": the "bfloat16" policy and stochastic rounding (zoo.checks.weights);
     `num_layers`: fewer blocks (smoke runs); `lora_rank`/`quantize`: LoRA on a (quantized) frozen base;
     `spec_overrides`: other ModelSpec fields (long_context.py's all-global copy of a windowed model)."""
     from zoo import checks

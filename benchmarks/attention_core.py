@@ -67,7 +67,8 @@ def main():
             try:
                 first, median = timed(CORES[name], q, k, v, jit, a.steps, **options)
             except Exception as error:  # XLA may refuse a graph: report it as a row
-                rows.append({"shape": shape, "core": name, "jit": jit, "error": f"{type(error).__name__}: {error}"[:300]})
+                error = f"{type(error).__name__}: {error}"[:300]
+                rows.append({"shape": shape, "core": name, "jit": jit, "error": error})
                 print(f"{shape:8s} {name:8s} {str(jit):4s} ERROR {rows[-1]['error'][:100]}")
                 continue
             reference = reference or median

@@ -116,10 +116,11 @@ class ZooModel(keras.Model):
 
     def set_attention(self, core="auto", chunk_size=None) -> tuple:
         """Choose the attention core of a built model: "auto" (default: "plain" when training
-        under checkpointing "none" with at most one chunk of positions, 512 by default, which
-        keeps every activation and is the fastest; "chunked" otherwise), "chunked" (memory linear
-        in the sequence length) or "plain" (the s×s scores held whole). `chunk_size=None` picks it from the sequence length.
-        Compiled functions retrace; weights stay.
+        under checkpointing "none" with at most one chunk of positions, 512 by default,
+        which keeps every activation and is the fastest; "chunked" otherwise), "chunked"
+        (memory linear in the sequence length) or "plain" (the s×s scores held whole).
+        `chunk_size=None` picks it from the sequence length. Compiled functions retrace;
+        weights stay.
 
         Example:
         >>> model.set_attention("chunked", chunk_size=256)
