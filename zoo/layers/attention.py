@@ -6,7 +6,7 @@ Projections are separate `Dense` layers (q, k, v, o) so that Hugging Face
 (ModernBERT's fused Wqkv is split on load: zoo.hub.weights).
 The core and its chunk size are runtime choices (`ZooModel.set_attention`),
 like the checkpointing policy: they change memory and speed, never the weights.
-The default core, "auto", follows the policy (`core_for`).
+The default core, "auto", follows the policy (`zoo.ops.attention_core.resolve_core`).
 """
 
 import keras
@@ -14,7 +14,7 @@ from keras import ops
 
 from zoo.layers.initializers import init
 from zoo.layers.norm import make_norm
-from zoo.ops.attention_core import DEFAULT_CHUNK, attention, check_chunk_size, check_core
+from zoo.ops.attention_core import attention, check_chunk_size, check_core, resolve_core
 from zoo.ops.recompute import recompute
 
 
@@ -88,21 +88,11 @@ class Attention(keras.layers.Layer):
     def _heads(self, x, n):
         return ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1], n, self.head_dim))
 
-    def core_for(self, keep_scores=False, key_length=None):
-        """The core a call runs: the chosen one, or for "auto" the plain core (probabilities saved for
-        the backward pass: the fastest) when the caller keeps every activation (`keep_scores`: training
-        under "none") and the keys are one tile (a static length up to the chunk size, 512 by default,
-        where the chunked core's memory would be no lower); else the chunked one."""
-        if self.core != "auto":
-            return self.core
-        one_tile = key_length is not None and key_length <= (self.chunk_size or DEFAULT_CHUNK)
-        return "plain" if keep_scores and one_tile else "chunked"
-
     def call(self, x, padding_mask=None, seed=None, training=False, recompute_core=False, cache=None,
              cache_index=0, keep_scores=False):
         """`padding_mask` [B, T] marks the keys that may be attended (1 = a real token).
         `cache` [B, 2, T, KV, D] holds earlier keys/values for incremental decoding;
-        `cache_index` is where `x`'s positions start; `keep_scores`: see `core_for`.
+        `cache_index` is where `x`'s positions start; `keep_scores`: see `resolve_core`.
         Returns (output, cache)."""
         query = self._heads(self.query_dense(x), self.num_heads)
         key = self._heads(self.key_dense(x), self.num_kv_heads)
@@ -117,7 +107,7 @@ class Attention(keras.layers.Layer):
             key = ops.slice_update(cache[:, 0], start, ops.cast(key, cache.dtype))
             value = ops.slice_update(cache[:, 1], start, ops.cast(value, cache.dtype))
             cache = ops.stack([key, value], axis=1)
-        core_name = self.core_for(keep_scores, key.shape[1])
+        core_name = resolve_core(self.core, keep_scores, key.shape[1], self.chunk_size)
         options = dict(
             core=core_name, key_mask=padding_mask, causal=self.causal, query_offset=cache_index,
             rate=self.dropout if training else 0.0, seed=seed, chunk_size=self.chunk_size, window=self.window,

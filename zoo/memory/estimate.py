@@ -11,7 +11,7 @@ from zoo.memory import optimizer_state
 from zoo.memory.budget import default_budget
 from zoo.memory.lora import plan as lora_plan
 from zoo.ops import lm_loss
-from zoo.ops.attention_core import DEFAULT_CHUNK, check_core
+from zoo.ops.attention_core import DEFAULT_CHUNK, check_core, resolve_core
 from zoo.ops.recompute import policy_name
 from zoo.shapes import block_shapes, count, variable_shapes
 
@@ -255,8 +255,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
     block_params = count(block)
 
     check_core(attention)
-    if attention == "auto":  # as zoo.layers.attention's core_for picks it
-        attention = "plain" if policy == "none" and sequence_length <= (chunk_size or DEFAULT_CHUNK) else "chunked"
+    attention = resolve_core(attention, policy == "none", sequence_length, chunk_size)  # as a model picks it
     b, seq, h, a = batch_size, sequence_length, s.hidden_dim, s.num_heads
     scale = _activation_bytes(precision) / 2  # the formula counts 16-bit activations
     per_layer_no_core = (seq * b * h * 34 + _family_extra_16(s, b, seq)) * scale

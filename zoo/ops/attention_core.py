@@ -38,7 +38,7 @@ import tensorflow as tf
 from zoo.ops.dropout import replica_uniform
 from zoo.ops.ordering import unfolded_zeros
 
-CORES = ("auto", "chunked", "plain")  # "auto": a layer's choice by policy (zoo.layers.attention.core_for)
+CORES = ("auto", "chunked", "plain")  # "auto": chosen per call by policy and length (resolve_core)
 DEFAULT_CHUNK = 512  # a [B, H, 512, 512] float32 tile: 1 MiB per batch row and head
 _MASKED = -1e9  # a masked score; exp(_MASKED - m) is exactly 0 whenever a row has a real score
 _NO_KEY = -5e8  # a row whose running max stays below this attended to no key
@@ -90,6 +90,17 @@ def tile_count(query_length, key_length, chunk_size=None, causal=False, window=N
     cq, ck, nq, nk = chunk_sizes(query_length, key_length, chunk_size)
     ranges = (key_chunk_range(i, cq, ck, nk, query_length, causal, window, query_offset) for i in range(nq))
     return sum(max(stop - start, 0) for start, stop in ranges)
+
+
+def resolve_core(core, keep_scores, key_length, chunk_size=None) -> str:
+    """The core a call runs: `core`, or for "auto" the plain one (probabilities saved for the backward
+    pass: the fastest) when the caller keeps every activation (`keep_scores`: training under "none")
+    and the keys are one tile (a static `key_length` up to the chunk size, where the chunked core's
+    memory would be no lower); else the chunked one. Models and the planner both ask here."""
+    if core != "auto":
+        return core
+    one_tile = key_length is not None and key_length <= (chunk_size or DEFAULT_CHUNK)
+    return "plain" if keep_scores and one_tile else "chunked"
 
 
 def check_core(core):
