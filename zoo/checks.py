@@ -11,7 +11,7 @@ def positive(name: str, value):
     return value
 
 
-def fused(policy: str, accumulation_steps: int = 1, replicas: int = 1):
+def fused(policy: str, accumulation_steps: int = 1):
     """Refuse what the fused update (zoo.training.fused) cannot train with. `policy` is the
     checkpointing policy ("auto" passes: the planner then picks a fused configuration)."""
     if policy not in ("full", "auto"):
@@ -26,9 +26,6 @@ def fused(policy: str, accumulation_steps: int = 1, replicas: int = 1):
             f"{accumulation_steps}): it applies each block's gradients as soon as they exist, so there is no "
             "whole-step gradient to add up. Raise the batch size instead (the memory the fused update frees is "
             "meant for it), or turn the fused update off.")
-    if replicas > 1:
-        raise ValueError("The fused update runs on one replica only for now; train without a strategy, or turn "
-                         "the fused update off to train data-parallel.")
 
 
 WEIGHTS_DTYPES = ("float32", "bfloat16")

@@ -7,6 +7,10 @@ created before TensorFlow runs anything, so each scenario runs in a fresh proces
         two logical CPU devices; per scenario, 3 optimizer steps of `fit` on one device
         and under MirroredStrategy(2), from the same seed on the same global batches;
         writes how far apart the weights end.
+    python -m tests.recipes.distribute_child fused OUT.json
+        two logical CPU devices; the fused update (zoo.training.fused) under MirroredStrategy(2)
+        against one device, per family, 3 steps with dropout and a triggering global clip; then a
+        mixed_float16 step that overflows on one replica only; writes the distances and what moved.
     python -m tests.recipes.distribute_child optimizers OUT.json
         two logical CPU devices; per recipe optimizer, with and without accumulation, 2 updates
         with different gradients on each replica under MirroredStrategy(2) and their sum on one
@@ -80,6 +84,71 @@ def mirrored(out):
         two.check_batch(3)
     except ValueError as error:
         report["odd_batch_error"] = str(error)
+    with open(out, "w") as f:
+        json.dump(report, f)
+
+
+def _copies(cluster, model):
+    """Per variable, each replica's copy as float64 arrays (one device: one copy)."""
+    import numpy as np
+
+    return [[np.asarray(c.numpy(), "float64") for c in cluster.strategy.experimental_local_results(v)]
+            for v in model.trainable_variables]
+
+
+def fused(out):
+    split_cpu(2)
+    import json
+
+    import numpy as np
+    import tensorflow as tf
+
+    from recipes import distribute
+    from tests.zoo.test_fused import CLIP, batches, build
+
+    one, two = distribute.make(None), distribute.make("mirrored", ["CPU:0", "CPU:1"])
+    report = {}
+    for family, tied in (("llama", True), ("bert", False)):
+        runs = []
+        for cluster in (one, two):
+            with cluster.scope():
+                model = cluster.prepare(build(family, tied=tied, fused="global", clip=CLIP))
+                model.run_eagerly = family == "bert"  # the traced step (merge_call rules) is the decoder's
+                model.fit(cluster.distribute(batches(family, batch=4)), epochs=1, steps_per_epoch=3, verbose=0)
+            runs.append((_copies(cluster, model), int(model.optimizer.iterations.numpy()),
+                         [v.path for v in model.trainable_variables]))
+        (a, steps_one, paths), (b, steps_two, _) = runs
+        kept = [i for i, p in enumerate(paths) if "key/bias" not in p]  # its gradient is rounding noise (test_fused)
+        report[family] = {
+            "norm_rel": max(float(np.linalg.norm(a[i][0] - b[i][0]) / np.linalg.norm(a[i][0])) for i in kept),
+            "max_rel": max(float(np.max(np.abs(a[i][0] - b[i][0])) / np.max(np.abs(a[i][0]))) for i in kept),
+            "copies_equal": all(np.array_equal(c, copies[0]) for copies in b for c in copies),
+            "steps": [steps_one, steps_two],
+        }
+
+    # mixed_float16: replica 1's rows weigh 1e6, so only its float16 gradients overflow.
+    with two.scope():
+        model = two.prepare(build("llama", precision="mixed_float16", fused="global", clip=1.0))
+        (x, y), = batches("llama", batch=4, steps=1).take(1)
+        heavy = tf.constant([1.0, 1.0, 1e6, 1e6])
+        before, scale = _copies(two, model), float(model.optimizer.dynamic_scale.numpy())
+        model.fit(two.distribute(tf.data.Dataset.from_tensors((x, y, heavy))), epochs=1, steps_per_epoch=1,
+                  verbose=0)
+        after_skip = _copies(two, model)
+        report["float16_skip"] = {
+            "unchanged": all(np.array_equal(c, b[0]) for copies, b in zip(after_skip, before) for c in copies),
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "scale": [scale, float(model.optimizer.dynamic_scale.numpy())],
+        }
+        model.fit(two.distribute(tf.data.Dataset.from_tensors((x, y, tf.ones([4]))).repeat()), epochs=1,
+                  steps_per_epoch=2, verbose=0)  # the schedule's first rate is 0: the second step moves
+        after = _copies(two, model)
+        report["float16_next"] = {
+            "iterations": int(model.optimizer.iterations.numpy()),
+            "moved": sum(not np.array_equal(copies[0], b[0]) for copies, b in zip(after, before)),
+            "variables": len(after),
+            "copies_equal": all(np.array_equal(c, copies[0]) for copies in after for c in copies),
+        }
     with open(out, "w") as f:
         json.dump(report, f)
 
@@ -163,4 +232,4 @@ def cli(pause_after, *argv):
 
 if __name__ == "__main__":
     mode, *args = sys.argv[1:]
-    sys.exit({"mirrored": mirrored, "optimizers": optimizers}.get(mode, cli)(*args))
+    sys.exit({"mirrored": mirrored, "fused": fused, "optimizers": optimizers}.get(mode, cli)(*args))

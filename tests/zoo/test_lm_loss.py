@@ -78,6 +78,9 @@ def test_sample_weight_per_row_and_default_chunk():
     ref = loss_and_grads(model, reference(model, h, y, w), h, compile_=True)
     got = loss_and_grads(model, lambda x: chunked_lm_loss(x, model.lm_logits, y, sample_weight=w), h, True)
     assert_close(ref, got, 1e-6)
+    per_row = tf.constant([1.0, 0.0])  # [B], as Keras' losses take a weight per row
+    got = loss_and_grads(model, lambda x: chunked_lm_loss(x, model.lm_logits, y, sample_weight=per_row), h, True)
+    assert_close(ref, got, 1e-6)
 
 
 def test_mixed_bfloat16():

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 from keras_hub.layers import MaskedLMHead, PositionEmbedding, ReversibleEmbedding
 
+from zoo.layers.dropout import Dropout
 from zoo.layers.head import MaskedLMHead as ZooMaskedLMHead
 from zoo.layers.initializers import init
 from zoo.layers.norm import make_norm
@@ -37,7 +38,7 @@ class EncoderBackbone(ZooModel):
             )
         norm = norm_settings(spec)
         self.embeddings_norm = make_norm(norm, dtype, "embeddings_norm") if spec.embedding_norm else None
-        self.embeddings_dropout = keras.layers.Dropout(spec.dropout, dtype=dtype, name="embeddings_dropout")
+        self.embeddings_dropout = Dropout(spec.dropout, dtype=dtype, name="embeddings_dropout")
         self.blocks = make_blocks(spec, checkpointing, dtype)
         self.final_norm = make_norm(norm, dtype, "final_norm") if spec.norm_placement != "post" else None
         self.use_pooler = pooler and spec.classifier_pooling == "pooler"
@@ -126,7 +127,7 @@ class EncoderClassifier(ZooModel):
                 spec.hidden_dim, activation=activation(spec.activation), use_bias=spec.dense_bias,
                 kernel_initializer=init(), dtype=dtype, name="head_dense")
             self.head_norm = make_norm(norm_settings(spec), dtype, "head_norm")
-        self.classifier_dropout = keras.layers.Dropout(spec.dropout, dtype=dtype, name="classifier_dropout")
+        self.classifier_dropout = Dropout(spec.dropout, dtype=dtype, name="classifier_dropout")
         self.classifier = keras.layers.Dense(
             num_classes, kernel_initializer=init(), dtype=dtype, name="classifier"
         )

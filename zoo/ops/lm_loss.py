@@ -82,7 +82,10 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, o
     scale = tf.math.divide_no_nan(1.0, tf.cast(tf.shape(hidden)[0] * seq * replicas, tf.float32))
     weights = None
     if sample_weight is not None:
-        weights = tf.broadcast_to(tf.cast(sample_weight, tf.float32), tf.shape(labels))
+        weights = tf.cast(sample_weight, tf.float32)
+        if weights.shape.rank == 1:  # one weight per row, as Keras' losses take it
+            weights = weights[:, None]
+        weights = tf.broadcast_to(weights, tf.shape(labels))
 
     # The chunks' gradients are made in the forward pass, before Keras' loss scale is known. In
     # float16, d hidden of a mean over B·S positions would underflow there: it is made for a loss

@@ -34,10 +34,9 @@ def check_fusable(model):
 
 
 def check_optimizer(optimizer):
-    """The optimizer side: no accumulation, EMA, fixed loss scale or second replica."""
+    """The optimizer side: no accumulation, EMA or fixed loss scale."""
     inner, _ = keras_optimizer.split_scaling(optimizer)
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync if tf.distribute.has_strategy() else 1
-    checks.fused("full", inner.gradient_accumulation_steps or 1, replicas)
+    checks.fused("full", inner.gradient_accumulation_steps or 1)
     if inner.use_ema:
         raise ValueError("The fused update does not keep an exponential moving average of the weights (use_ema=True); "
                          "turn one of them off.")
@@ -48,6 +47,20 @@ def check_optimizer(optimizer):
 
 def _tensors(grads):
     return [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
+
+
+def _summed(grads):
+    """Under tf.distribute, the sum of every replica's gradients (each replica's loss is already
+    divided by the replica count, so the sum is the global batch's gradient); else `grads`."""
+    if not tf.distribute.has_strategy():
+        return grads
+    present = [i for i, g in enumerate(grads) if g is not None]
+    summed = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, [tf.convert_to_tensor(grads[i]) for i in present])
+    grads = list(grads)
+    for i, g in zip(present, summed):
+        grads[i] = g
+    return grads
 
 
 def _global_clip_scale(norm, clipnorm):
@@ -105,10 +118,10 @@ class _Step:
                 out = self.blocks[i].replay(x, self.mask, self.seeds[i])
             d, *grads = tape.gradient(out, [x, *self.block_vars[i]], output_gradients=d)
             with tf.control_dependencies(_tensors(grads)):  # the update's reads and decay wait too
-                done = on_block(self.block_vars[i], self._unscaled(grads))
+                done = on_block(self.block_vars[i], self._unscaled(_summed(grads)))
         stem_grads = self.stem_tape.gradient(self.first, self.outer_vars, output_gradients=d)
         outer = [a if b is None else (b if a is None else a + b) for a, b in zip(self.head_grads, stem_grads)]
-        return self._unscaled(outer)
+        return self._unscaled(_summed(outer))  # a tied embedding's two uses are summed first, then reduced once
 
     def _unscaled(self, grads):
         if self.scaler is None:
@@ -162,20 +175,35 @@ class _Step:
             self.update()
             return
         norm = self.global_norm()
+        if not tf.distribute.has_strategy():
+            tf.cond(tf.math.is_finite(norm), lambda: self._update_by(norm), self._skip)
+            return
+        # A replica's control flow may not hold the update's all-reduces (tf.distribute refuses a merge_call
+        # there), so, as Keras' LossScaleOptimizer does, the cond runs in cross-replica context on the norm
+        # every replica holds (the same number: it is made of summed gradients) and each replica's update
+        # pass runs inside its branch.
+        def decide(strategy, steps, norms):
+            def update():
+                strategy.extended.call_for_each_replica(_Step._update_by, args=(steps, norms))
+                return tf.constant(True)
+
+            return tf.cond(tf.math.is_finite(strategy.experimental_local_results(norms)[0]), update, self._skip)
+
+        tf.distribute.get_replica_context().merge_call(decide, args=(self, norm))
+
+    def _update_by(self, norm):
+        """The update pass after the norm pass: scaled by the exact global clip where it is on."""
         clip_scale = None
         if self.clip == "global" and self.inner.global_clipnorm:
             clip_scale = _global_clip_scale(norm, self.inner.global_clipnorm)
+        self.update(clip_scale)
+        return tf.constant(True)
 
-        def update():
-            self.update(clip_scale)
-            return tf.constant(True)
-
-        def skip():
-            if self.scaler is not None:
-                keras_optimizer.skip_step(self.scaler)
-            return tf.constant(False)
-
-        tf.cond(tf.math.is_finite(norm), update, skip)
+    def _skip(self):
+        """A non-finite step changes no weight; a dynamic loss scale halves."""
+        if self.scaler is not None:
+            keras_optimizer.skip_step(self.scaler)
+        return tf.constant(False)
 
 
 def train_step(model, data, clip="global"):
