@@ -79,13 +79,16 @@ def register(subparsers):
                    "of TF_CONFIG; --batch-size is the global batch (README: Many devices, many hosts)")
     p.add_argument("--devices", type=lambda text: [d for d in text.split(",") if d],
                    help="with --strategy mirrored: comma-separated devices, e.g. GPU:0,GPU:1 (default: every GPU)")
+    p.add_argument("--collective-timeout", type=float, metavar="SECONDS",
+                   help="with --strategy multi-worker: a step after the first that waits longer than this for the "
+                        "other workers stops every process (exit code 3), to be resumed (default: 120)")
     p.add_argument("--show", action="store_true", help="print the resolved recipe and exit")
     p.set_defaults(func=_train)
 
 
 def _train(args):
     import recipes
-    from recipes.distribute import WorkerLost
+    from recipes.distribute import WORKER_LOST_EXIT, WorkerLost
 
     if args.model is None and args.weights is None:
         raise ValueError("zoo train needs a model name (zoo list) or --weights to start from.")
@@ -117,10 +120,11 @@ def _train(args):
             recipe, args.data, out_dir, column=args.text_column, label_column=args.label_column,
             data_dir=args.data_dir, validation_every=args.validation_every, hf_out=args.hf_out,
             strategy=args.strategy, devices=args.devices, merge=args.merge,
+            collective_timeout=args.collective_timeout,
         )
     except WorkerLost as error:
         print(f"zoo train: error: {error}", file=sys.stderr)
-        return 3
+        return WORKER_LOST_EXIT
     speed = None if math.isnan(result.tokens_per_second) else round(result.tokens_per_second, 1)
     print(json.dumps({"model": recipe.name, "steps": result.step,
                       "final_loss": (result.history or [{}])[-1].get("loss"),

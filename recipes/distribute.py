@@ -34,8 +34,13 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from recipes import watchdog
+
 KINDS = ("mirrored", "multi-worker")
-COLLECTIVE_TIMEOUT_S = 600  # one all-reduce waiting longer than this for a peer fails the run
+# One all-reduce waiting longer than this for a peer fails the run. It bounds the first step too, whose
+# tracing can differ between hosts by minutes; later steps are bounded by --collective-timeout (recipes.watchdog).
+COLLECTIVE_TIMEOUT_S = 600
+WORKER_LOST_EXIT = 3  # `zoo train`'s exit code when a peer died, became unreachable or stopped
 BARRIER_TIMEOUT_S = 24 * 3600  # workers wait while the chief prepares (a vocabulary can take a while)
 EXAMPLE_TF_CONFIG = ('{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
                      '"task": {"type": "worker", "index": 0}}')
@@ -43,6 +48,16 @@ EXAMPLE_TF_CONFIG = ('{"cluster": {"worker": ["host1:12345", "host2:12345"]}, '
 
 class WorkerLost(RuntimeError):
     """A peer of a multi-worker run died or became unreachable."""
+
+
+def lost_message(cause: str, out_dir: str) -> str:
+    """What every process of a multi-worker run says when a peer is lost, and how to resume."""
+    from recipes import state
+
+    found = state.checkpoints(out_dir)
+    last = f"step {found[-1][0]}" if found else "the start: no checkpoint was written yet"
+    return (f"Multi-worker training stopped: {cause}. Every process of the run stops. Start the same command again "
+            f"on every host to resume from the last checkpoint in {out_dir!r} ({last}).")
 
 
 def tf_config(text: str | None = None) -> dict:
@@ -99,6 +114,7 @@ class Cluster:
     strategy: tf.distribute.Strategy
     kind: str | None = None  # None: one device, the default strategy
     chief: bool = True
+    collective_timeout: float = watchdog.DEFAULT_TIMEOUT_S  # multi-worker: the bound on a step after the first
 
     @property
     def replicas(self) -> int:
@@ -180,20 +196,35 @@ class Cluster:
     def scope(self):
         return self.strategy.scope()
 
+    def callbacks(self, out_dir) -> list:
+        """`fit` callbacks the strategy needs: under multi-worker, the step watchdog (recipes.watchdog)."""
+        if self.kind != "multi-worker":
+            return []
+        cause = (f"no step finished within --collective-timeout {self.collective_timeout:g} s: another worker stopped "
+                 "responding (stopped, hung or unreachable)")
+        return [watchdog.StepWatchdog(self.collective_timeout, lambda: lost_message(cause, out_dir), WORKER_LOST_EXIT)]
+
 
 def _logs_as_vectors(step, data):
     """tensorflow #72388: Keras reduces logs with axis=0 under multi-worker; give them one."""
     return {key: tf.reshape(value, [1]) for key, value in step(data).items()}
 
 
-def make(kind: str | None = None, devices=None) -> Cluster:
+def make(kind: str | None = None, devices=None, collective_timeout=None) -> Cluster:
     """The `Cluster` for `kind` (None: one device), refusing bad input before anything runs.
 
     `devices` (mirrored only): device names such as "GPU:0" (default: every GPU, else the CPU).
     Under multi-worker each process uses all of its host's GPUs; limit them with CUDA_VISIBLE_DEVICES.
+    `collective_timeout` (multi-worker only): seconds a step after the first may wait for the other
+    workers before every process stops (default: recipes.watchdog.DEFAULT_TIMEOUT_S).
     """
     if kind not in (None, "none", *KINDS):
         raise ValueError(f"Unknown strategy {kind!r}; known: {', '.join(KINDS)} (or none for one device).")
+    if collective_timeout is not None:
+        collective_timeout = watchdog.check_timeout(collective_timeout)
+        if kind != "multi-worker":
+            raise ValueError("--collective-timeout bounds how long a multi-worker step waits for the other workers; "
+                             "it applies to --strategy multi-worker only (one host's devices cannot hang apart).")
     if devices and kind != "mirrored":
         raise ValueError("--devices picks the devices of a --strategy mirrored run; under multi-worker every "
                          "worker uses all its GPUs (restrict them with CUDA_VISIBLE_DEVICES), and one-device runs "
@@ -203,7 +234,9 @@ def make(kind: str | None = None, devices=None) -> Cluster:
     if kind == "mirrored":
         return Cluster(tf.distribute.MirroredStrategy(_local_devices(devices) if devices else None), "mirrored")
     config = tf_config()
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=COLLECTIVE_TIMEOUT_S)
+    collective_timeout = collective_timeout or watchdog.DEFAULT_TIMEOUT_S
+    options = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=max(COLLECTIVE_TIMEOUT_S, collective_timeout))
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     except RuntimeError as error:
@@ -213,7 +246,7 @@ def make(kind: str | None = None, devices=None) -> Cluster:
     task = config["task"]
     chief = task["type"] == "chief" or (task["type"] == "worker" and task["index"] == 0
                                         and "chief" not in config["cluster"])
-    return Cluster(strategy, "multi-worker", chief)
+    return Cluster(strategy, "multi-worker", chief, collective_timeout)
 
 
 def local_tf_configs(workers: int) -> list:

@@ -237,7 +237,7 @@ def _chiefs_tokenizer(recipe, out_dir):
 
 def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_dir=None,
         validation_every=0, validation_batches=8, callbacks=(), verbose="auto", hf_out=None,
-        strategy=None, devices=None, merge=False) -> Result:
+        strategy=None, devices=None, merge=False, collective_timeout=None) -> Result:
     """Train `recipe` on `data` into `out_dir`, resuming what `out_dir` already holds.
 
     Args:
@@ -259,6 +259,8 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
         strategy: None (one device), "mirrored" (the devices of this host, or `devices`)
             or "multi-worker" (the hosts of TF_CONFIG); see recipes.distribute.
         devices: for "mirrored", device names such as ["GPU:0", "GPU:1"].
+        collective_timeout: for "multi-worker", seconds a step after the first may wait for
+            the other workers before every process stops to be resumed (recipes.watchdog).
 
     Returns:
         A `Result`: steps run, per-interval history, tokens/s, peak memory, the model.
@@ -271,7 +273,9 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
     if steps is not None and steps != recipe.steps:
         recipe = recipe.with_steps(steps)
     # First: a multi-worker strategy must exist before TensorFlow runs anything.
-    cluster = strategy if isinstance(strategy, distribute.Cluster) else distribute.make(strategy, devices)
+    cluster = strategy
+    if not isinstance(strategy, distribute.Cluster):
+        cluster = distribute.make(strategy, devices, collective_timeout)
     cluster.check_batch(recipe.batch_size)
     if recipe.task == "classifier" and label_column is None:
         raise ValueError("The classify recipe needs labels: pass label_column (--label-column).")
@@ -366,13 +370,15 @@ def _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps,
                 model.fit(
                     train, epochs=recipe.steps // interval, initial_epoch=start // interval,
                     steps_per_epoch=interval * k, validation_data=valid, validation_steps=valid_steps,
-                    callbacks=[tracker, *callbacks], verbose=verbose,
+                    callbacks=[tracker, *cluster.callbacks(result.out_dir), *callbacks], verbose=verbose,
                     shuffle=False,  # the pipeline shuffles, seeded; fit's own shuffle only warns for a dataset
                 )
         except distribute.PEER_ERRORS as error:
             if cluster.kind != "multi-worker":
                 raise
-            raise distribute.WorkerLost(_lost_message(error, result.out_dir)) from None
+            detail = (str(error).strip().splitlines() or [""])[0]
+            cause = f"another worker died or became unreachable ({type(error).__name__}: {detail})"
+            raise distribute.WorkerLost(distribute.lost_message(cause, result.out_dir)) from None
         if tracker.started is not None:
             result.tokens_per_second = tracker.tokens_per_second()
     result.peak_bytes = tf.config.experimental.get_memory_info(device)["peak"]
@@ -385,11 +391,3 @@ def _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps,
         model.save(tmp)
     return os.path.join(result.out_dir, MODEL_FILE)
 
-
-def _lost_message(error, out_dir):
-    found = state.checkpoints(out_dir)
-    last = f"step {found[-1][0]}" if found else "the start: no checkpoint was written yet"
-    detail = (str(error).strip().splitlines() or [""])[0]
-    return (f"Multi-worker training stopped: another worker died or became unreachable "
-            f"({type(error).__name__}: {detail}). Every process of the run stops. Start the same command again on "
-            f"every host to resume from the last checkpoint in {out_dir!r} ({last}).")

@@ -17,7 +17,9 @@ created before TensorFlow runs anything, so each scenario runs in a fresh proces
         device; writes how far apart the weights end (and how far plain Keras' Lion ends).
     python -m tests.recipes.distribute_child cli PAUSE_AFTER_STEP train ...
         `zoo train ...` (TF_CONFIG from the environment); past optimizer step PAUSE_AFTER_STEP
-        (0: never) every batch sleeps, so that a test can kill a worker mid-run.
+        (0: never) every batch sleeps, so that a test can kill a worker mid-run; with
+        HANG_AT_STEP=N in the environment, the main thread stops for good after step N (its
+        other threads, TensorFlow's heartbeats included, go on: a hung worker, not a dead one).
 """
 
 import os
@@ -219,11 +221,15 @@ def cli(pause_after, *argv):
     from recipes import runner
     from zoo.cli import main
 
-    pause_after = int(pause_after)
-    if pause_after:
+    pause_after, hang_at = int(pause_after), int(os.environ.get("HANG_AT_STEP", 0))
+    if pause_after or hang_at:
         def slow(self, batch, logs=None, _real=runner._Intervals.on_train_batch_end):
             _real(self, batch, logs)
-            if int(self.model.optimizer.iterations.numpy()) >= pause_after:
+            step = int(self.model.optimizer.iterations.numpy())
+            if hang_at and step >= hang_at:
+                open(os.environ["HANG_MARKER"], "w").close()  # when the hang began, for the test's clock
+                time.sleep(3600)
+            if pause_after and step >= pause_after:
                 time.sleep(0.5)
 
         runner._Intervals.on_train_batch_end = slow

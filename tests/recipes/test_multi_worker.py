@@ -5,6 +5,8 @@ The reference is the same command on one process (same recipe, global batch and 
 order). Both workers share the out_dir, as hosts share storage; only the chief writes
 into it. Killing a worker makes both processes fail with a message that says how to
 resume, and the same two commands then finish the run where the last checkpoint left it.
+A worker that stops without dying (SIGSTOP) is caught by --collective-timeout, under the
+fused update, and the same commands resume that run too.
 """
 
 import json
@@ -23,19 +25,24 @@ from tests.common import REPO, TINY_RECIPE_DEC
 from tests.recipes.test_distribute import child_env
 
 STEPS = 6  # checkpoints at 2, 4, 6 (keep 2 after pruning)
+TIMEOUT = 15  # --collective-timeout of the stopped-worker test, seconds
 
 
-def args(out_dir, data, vocabulary):
+def args(out_dir, data, vocabulary, fused=False):
+    """The non-fused run accumulates 2 micro-batches per update; the fused one cannot (zoo.checks.fused)."""
     shape = {**TINY_RECIPE_DEC, "dropout": 0.1}
     argv = ["train", "dec-base", "--data", data, "--text-column", "text", "--vocabulary", vocabulary,
-            "--out-dir", str(out_dir), "--steps", str(STEPS), "--batch-size", "4", "--accumulation-steps", "2",
-            "--sequence-length", "32", "--log-every", "2", "--checkpoint-every", "2", "--learning-rate", "1e-3",
+            "--out-dir", str(out_dir), "--steps", str(STEPS), "--batch-size", "4", "--sequence-length", "32",
+            "--log-every", "2", "--checkpoint-every", "2", "--learning-rate", "1e-3",
             "--precision", "float32"]  # bfloat16 rounds per replica: test_distribute.py bounds it
+    argv += ["--checkpointing", "full", "--fused", "--accumulation-steps", "1"] if fused else [
+        "--accumulation-steps", "2"]
     return argv + [a for key, value in shape.items() for a in ("--override", f"{key}={value}")]
 
 
-def start_workers(argv, tmp_path, name, pause_after=None):
-    """Two `zoo train` processes, task 0 (the chief) and task 1; each with its own TMPDIR."""
+def start_workers(argv, tmp_path, name, pause_after=None, hang_at=None):
+    """Two `zoo train` processes, task 0 (the chief) and task 1 (whose main thread stops for good
+    after step `hang_at`, if given); each with its own TMPDIR."""
     command = [sys.executable, "-m", "tests.recipes.distribute_child", "cli", str(pause_after or 0), *argv,
                "--strategy", "multi-worker"]
     workers = []
@@ -43,6 +50,8 @@ def start_workers(argv, tmp_path, name, pause_after=None):
         scratch = tmp_path / f"{name}-tmp-{index}"
         scratch.mkdir()
         env = {**child_env(), "TMPDIR": str(scratch), "TF_CONFIG": tf_config}
+        if hang_at and index == 1:
+            env.update(HANG_AT_STEP=str(hang_at), HANG_MARKER=str(tmp_path / f"{name}-hanging"))
         log = open(tmp_path / f"{name}-{index}.log", "w+")
         workers.append((subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), log))
     return workers
@@ -61,6 +70,26 @@ def finish(workers, timeout):
             if process.poll() is None:
                 process.kill()
     return results
+
+
+def wait_for_first_checkpoint(out, workers):
+    """Past step 2 each batch sleeps (pause_after=2): what a test does to a worker lands mid-run."""
+    first = out / "checkpoints" / "step-000000002"
+    deadline = time.monotonic() + 180
+    while not first.exists() and time.monotonic() < deadline and all(p.poll() is None for p, _ in workers):
+        time.sleep(0.2)
+    assert first.exists(), "the chief wrote no checkpoint"
+
+
+def resume_and_finish(argv, tmp_path, out, stopped_at):
+    """The same two commands again: both resume from `stopped_at` and end at STEPS."""
+    resumed = start_workers(argv, tmp_path, "resumed")
+    results = finish(resumed, timeout=240)
+    for code, output in results:
+        assert code == 0, output[-4000:]
+        assert f"Resuming dec-base from step {stopped_at}" in output
+    assert json.loads(results[0][1].strip().splitlines()[-1])["steps"] == STEPS
+    return resumed
 
 
 def final_weights(out_dir):
@@ -91,14 +120,23 @@ def assert_only_the_chief_wrote(out_dir, chief_pids, tmp_path, name):
         assert not [n for n in os.listdir(tmp_path / f"{name}-tmp-{index}") if n.startswith("recipes-")]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, recipes_news, recipes_vocab):
+def one_process(tmp_path_factory, recipes_news, recipes_vocab, fused):
     """The same command on one process, in this one."""
     from zoo.cli import main
 
     out = tmp_path_factory.mktemp("one-process") / "run"
-    assert main(args(out, recipes_news, recipes_vocab["llama"])) == 0
+    assert main(args(out, recipes_news, recipes_vocab["llama"], fused)) == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, recipes_news, recipes_vocab):
+    return one_process(tmp_path_factory, recipes_news, recipes_vocab, fused=False)
+
+
+@pytest.fixture(scope="module")
+def fused_reference(tmp_path_factory, recipes_news, recipes_vocab):
+    return one_process(tmp_path_factory, recipes_news, recipes_vocab, fused=True)
 
 
 @pytest.mark.timeout(400)
@@ -109,11 +147,7 @@ def test_a_killed_worker_fails_both_and_the_same_commands_resume(tmp_path, recip
     argv = args(out, recipes_news, recipes_vocab["llama"])
     # Past step 2, each batch sleeps: the kill lands mid-run, after the first checkpoint.
     workers = start_workers(argv, tmp_path, "killed", pause_after=2)
-    first = out / "checkpoints" / "step-000000002"
-    deadline = time.monotonic() + 180
-    while not first.exists() and time.monotonic() < deadline and all(p.poll() is None for p, _ in workers):
-        time.sleep(0.2)
-    assert first.exists(), "the chief wrote no checkpoint"
+    wait_for_first_checkpoint(out, workers)
     workers[1][0].send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
     (chief_code, chief_output), (worker_code, _) = finish(workers, timeout=120)
@@ -124,11 +158,73 @@ def test_a_killed_worker_fails_both_and_the_same_commands_resume(tmp_path, recip
     stopped_at = state.checkpoints(str(out))[-1][0]
     assert 2 <= stopped_at < STEPS
 
-    resumed = start_workers(argv, tmp_path, "resumed")
-    results = finish(resumed, timeout=240)
-    for code, output in results:
-        assert code == 0, output[-4000:]
-        assert f"Resuming dec-base from step {stopped_at}" in output
-    assert json.loads(results[0][1].strip().splitlines()[-1])["steps"] == STEPS
+    resumed = resume_and_finish(argv, tmp_path, out, stopped_at)
     assert_equal_to(out, reference)
     assert_only_the_chief_wrote(out, {workers[0][0].pid, resumed[0][0].pid}, tmp_path, "resumed")
+
+
+@pytest.mark.timeout(400)
+def test_a_stopped_worker_is_caught_within_the_timeout_and_fused_workers_resume(
+        tmp_path, recipes_news, recipes_vocab, fused_reference):
+    """Two workers under the fused update (each block's gradients all-reduced as they appear). Worker 1 is
+    stopped (SIGSTOP: alive, its connections open). The chief stops with the lost-worker exit code and
+    message within --collective-timeout plus a margin: TensorFlow's coordination service notices the
+    stopped heartbeats first here (~10 s), else the step watchdog fires. Woken (SIGCONT), worker 1 stops
+    too. The same commands resume and end equal to one fused process."""
+    out = tmp_path / "run"
+    argv = args(out, recipes_news, recipes_vocab["llama"], fused=True) + ["--collective-timeout", str(TIMEOUT)]
+    workers = start_workers(argv, tmp_path, "stopped", pause_after=2)
+    wait_for_first_checkpoint(out, workers)
+    workers[1][0].send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        workers[0][0].wait(timeout=TIMEOUT + 60)
+    finally:
+        caught_after = time.monotonic() - stopped
+        workers[1][0].send_signal(signal.SIGCONT)
+    (chief_code, chief_output), (worker_code, worker_output) = finish(workers, timeout=60)
+    print(f"a stopped worker was caught after {caught_after:.1f} s (--collective-timeout {TIMEOUT})")
+    assert chief_code == 3 and caught_after < TIMEOUT + 10, (caught_after, chief_output[-3000:])
+    assert "Multi-worker training stopped:" in chief_output, chief_output[-3000:]
+    assert "Start the same command again on every host to resume" in chief_output
+    assert worker_code == 3, worker_output[-3000:]
+    stopped_at = state.checkpoints(str(out))[-1][0]
+    assert 2 <= stopped_at < STEPS
+
+    resume_and_finish(argv, tmp_path, out, stopped_at)
+    assert_equal_to(out, fused_reference)
+
+
+@pytest.mark.timeout(300)
+def test_a_hung_worker_is_caught_by_the_step_watchdog(tmp_path, recipes_news, recipes_vocab):
+    """Worker 1's main thread stops after step 3 while its other threads (TensorFlow's heartbeats) go on:
+    no collective fails and the coordination service sees a healthy task. The chief's step watchdog ends
+    the chief within --collective-timeout plus its 1 s tick, with the lost-worker message and exit code."""
+    out = tmp_path / "run"
+    argv = args(out, recipes_news, recipes_vocab["llama"], fused=True) + ["--collective-timeout", str(TIMEOUT)]
+    workers = start_workers(argv, tmp_path, "hung", hang_at=3)
+    marker, deadline = tmp_path / "hung-hanging", time.monotonic() + 180
+    while not marker.exists() and time.monotonic() < deadline and workers[1][0].poll() is None:
+        time.sleep(0.2)
+    assert marker.exists(), "worker 1 never reached step 3"
+    hung = time.monotonic()
+    try:
+        chief_code = workers[0][0].wait(timeout=TIMEOUT + 60)
+        caught_after = time.monotonic() - hung
+    finally:
+        for process, _ in workers:
+            process.kill()
+    chief_log = workers[0][1]
+    chief_log.seek(0)
+    chief_output = chief_log.read()
+    print(f"a hung worker was caught after {caught_after:.1f} s (--collective-timeout {TIMEOUT})")
+    assert chief_code == 3 and caught_after < TIMEOUT + 10, (caught_after, chief_output[-3000:])
+    assert f"no step finished within --collective-timeout {TIMEOUT:g} s" in chief_output, chief_output[-3000:]
+    assert "Start the same command again on every host to resume from the last checkpoint" in chief_output
+
+
+def test_collective_timeout_is_checked():
+    with pytest.raises(ValueError, match="collective_timeout must be a positive number of seconds, got 0"):
+        distribute.make("multi-worker", collective_timeout=0)
+    with pytest.raises(ValueError, match="applies to --strategy multi-worker only"):
+        distribute.make("mirrored", collective_timeout=30)

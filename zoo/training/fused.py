@@ -3,7 +3,8 @@
 Under `full` checkpointing block i's backward needs only its saved input and the gradient from
 above, so the step walks the blocks from last to first: replay block i, take its gradients, update
 its variables at once and drop the gradients. One block's gradients exist at a time, besides the
-embedding's and head's, kept to the end (a tied embedding sums both uses). Clipping modes, and
+embedding's and head's, kept to the end (a tied embedding sums both uses). Under tf.distribute
+each block's gradients are summed across replicas as they appear. Clipping modes, replicas, and
 why every replay and update waits for what it does: docs/design-notes.md (The fused update).
 """
 
