@@ -5,7 +5,8 @@ import pytest
 
 from tests.zoo.test_memory import DEC, S
 from zoo import memory
-from zoo.memory import replicas
+from zoo.cli import main
+from zoo.memory import GiB, replicas
 
 PARAMS = 80_448  # DEC's parameters (tests/zoo/test_memory.py counts them by hand)
 BLOCK = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64  # 36,992: one Llama block of DEC
@@ -76,3 +77,34 @@ def test_uneven_splits_are_refused_with_the_fix(args, message):
 def test_an_unknown_fused_clip_is_refused():
     with pytest.raises(ValueError, match="Unknown fused clip 'exact'"):
         replicas.plan(DEC, 4, S, 2, fused_clip="exact", checkpointing="full+fused")
+
+
+def test_cli_plan_replicas(capsys):
+    budget = 22 * GiB
+    assert main(["plan", "dec-1b", "--batch-size", "8", "--replicas", "2", "--precision", "mixed_bfloat16",
+                 "--budget", "22GiB", "--checkpointing", "full+fused"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("dec-1b: global batch 8 = 2 replicas x 4 on 1 host, sequence 512, mixed_bfloat16, adamw; "
+                      "budget 22.00 GiB per replica")
+    p = replicas.plan("dec-1b", 8, 512, 2, precision="mixed_bfloat16", checkpointing="full+fused")
+    most = memory.largest_batch("dec-1b", 512, budget, precision="mixed_bfloat16", checkpointing="full+fused",
+                                replicas=2)
+    assert out[2].split() == (["full+fused"] + [f"{v / GiB:.2f}G" for v in p.estimate.as_dict().values()]
+                              + [str(most)])
+    row = out[out.index(next(r for r in out if r.startswith("config      per replica"))) + 1].split()
+    assert row[:11] == ["full+fused", f"{p.per_replica / GiB:.2f}G", "8", "=", "2x4", f"{8 * DEC_1B / GiB:.2f}G",
+                        f"{8 * DEC_1B / GiB:.2f}G", "0.00G", str(2 * most), "=", f"2x{most}"]
+    assert "twice" in out[-2] and out[-1] == f"auto: full+fused ({p.per_replica / GiB:.2f} GiB of 22.00 GiB)"
+    # The largest per-replica batch is the one-device search's, under the per-replica peak.
+    fits = memory.estimate("dec-1b", most, 512, "mixed_bfloat16", "full+fused", replicas=2).total
+    assert fits <= budget < memory.estimate("dec-1b", most + 1, 512, "mixed_bfloat16", "full+fused", replicas=2).total
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--replicas", "0"], "replicas must be a positive whole number, got 0"),
+    (["--replicas", "4", "--hosts", "3"], "Use --hosts 1, 2, 4"),
+    (["--replicas", "3"], "--batch-size 8 is the global batch and does not split over 3 replicas"),
+])
+def test_cli_plan_refuses_uneven_replicas(flags, message, capsys):
+    assert main(["plan", "dec-1b", "--batch-size", "8", "--checkpointing", "full", *flags]) == 2
+    assert message in capsys.readouterr().err
