@@ -65,7 +65,7 @@ def test_one_replica_is_one_device():
 @pytest.mark.parametrize("args, message", [
     ((8, 0, 1), "replicas must be a positive whole number, got 0"),
     ((8, 4, 0), "hosts must be a positive whole number, got 0"),
-    ((8, 4, 3), "4 replicas do not spread evenly over 3 hosts.*Use --hosts 1, 2, 4, or --replicas 6"),
+    ((8, 4, 3), "--replicas 4 does not spread evenly over --hosts 3.*Use --hosts 1, 2, 4, or --replicas 6"),
     ((6, 4, 1), "--batch-size 6 is the global batch and does not split over 4 replicas.*Use --batch-size 8 or 4"),
     ((3, 4, 1), "multiple of 4. Use --batch-size 4.$"),
 ])

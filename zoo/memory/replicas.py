@@ -25,7 +25,7 @@ def per_replica_batch(global_batch: int, replicas: int, hosts: int = 1) -> int:
     if replicas % hosts:
         ok = ", ".join(str(h) for h in range(1, replicas + 1) if replicas % h == 0)
         raise ValueError(
-            f"{replicas} replicas do not spread evenly over {hosts} hosts: every host runs the same number of "
+            f"--replicas {replicas} does not spread evenly over --hosts {hosts}: every host runs the same number of "
             f"replicas (one per device). Use --hosts {ok}, or --replicas {hosts * (replicas // hosts + 1)}.")
     if global_batch % replicas:
         low = global_batch - global_batch % replicas
