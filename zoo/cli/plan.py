@@ -2,7 +2,7 @@
 `checkpointing="auto"` picks under a budget, and the largest batch each one fits."""
 
 from zoo import checks
-from zoo.memory import CONFIGS, OPTIMIZERS, GiB, choose, default_budget, estimate, largest_batch, parse_bytes
+from zoo.memory import CONFIGS, OPTIMIZERS, GiB, choose, default_budget, estimate, largest_batch, parse_bytes, replicas
 
 # The estimate's components in `MemoryEstimate.as_dict()` order, and how `total` adds them up
 # (`MemoryEstimate.total`): fused, the walk over the blocks holds one block's update temporaries and the
@@ -14,7 +14,13 @@ FORMULA = ("total = weights + optimizer + max(activ. + extra + logits + head gra
            "grads + update)")
 
 
+REPLICA_FORMULA = ("per replica: the same at the per-replica batch, with the all-reduce's flat copy of the gradients "
+                   "it reduces beside them (all of them; fused: one block's, then the embedding's and head's)")
+
+
 def _plan(args):
+    fused_clip = None if args.fused_clip == "none" else args.fused_clip
+    batch = replicas.per_replica_batch(args.batch_size, args.replicas, args.hosts)
     budget = parse_bytes(args.budget) if args.budget else default_budget()
     lora = args.lora_rank is not None
     configs = [args.checkpointing] if args.checkpointing else [c for c in CONFIGS if not (lora and "fused" in c)]
@@ -26,18 +32,46 @@ def _plan(args):
     weights = f", {args.weights_dtype} weights ({rounding} rounding)" if rounding else ""
     adapted = (f"; LoRA r{args.lora_rank} on {args.lora_targets or 'the default targets'}"
                + (f", {args.quantize} base" if args.quantize else "")) if lora else ""
-    print(f"{args.model}: batch {args.batch_size} x sequence {args.sequence_length}, {policy}{weights}, "
-          f"{args.optimizer}{adapted}; budget {budget / GiB:.2f} GiB")
+    if args.replicas > 1:  # every figure below is one replica's, at its slice of the global batch
+        options["replicas"] = args.replicas
+        print(f"{args.model}: global batch {args.batch_size} = {args.replicas} replicas x {batch} on {args.hosts} "
+              f"host{'s' if args.hosts > 1 else ''}, sequence {args.sequence_length}, {policy}{weights}, "
+              f"{args.optimizer}{adapted}; budget {budget / GiB:.2f} GiB per replica")
+    else:
+        print(f"{args.model}: batch {args.batch_size} x sequence {args.sequence_length}, {policy}{weights}, "
+              f"{args.optimizer}{adapted}; budget {budget / GiB:.2f} GiB")
     print(f"{'config':11s} " + " ".join(f"{c:>9s}" for c in COLUMNS) + f" {'max batch':>9s}")
+    most = {}
     for config in configs:
-        e = estimate(args.model, args.batch_size, args.sequence_length, checkpointing=config, **options)
+        e = estimate(args.model, batch, args.sequence_length, checkpointing=config, **options)
         cells = " ".join(f"{v / GiB:8.2f}G" for v in e.as_dict().values())
-        most = largest_batch(args.model, args.sequence_length, budget, checkpointing=config, **options)
-        print(f"{config:11s} {cells} {most:9d}")
-    choice, e = choose(args.model, args.batch_size, args.sequence_length, budget, configs=configs, **options)
+        most[config] = largest_batch(args.model, args.sequence_length, budget, checkpointing=config, **options)
+        print(f"{config:11s} {cells} {most[config]:9d}")
+    choice, e = choose(args.model, batch, args.sequence_length, budget, configs=configs, **options)
     print(FORMULA)
+    if args.replicas > 1:
+        print(REPLICA_FORMULA)
+        _distribution(args, configs, most, fused_clip, options)
     print(f"auto: {choice} ({e.total / GiB:.2f} GiB of {budget / GiB:.2f} GiB)")
     return 0
+
+
+def _distribution(args, configs, most, fused_clip, options):
+    """The data-parallel lines: per-replica memory, the global batch, the bytes all-reduced and sent."""
+    n, hosts = args.replicas, args.hosts
+    print(f"{n} replicas on {hosts} host{'s' if hosts > 1 else ''}, per step (ring all-reduce; network: what each "
+          f"host sends over its link; fused clip {fused_clip or 'none'}):")
+    print(f"{'config':11s} {'per replica':>11s} {'global batch':>12s} {'all-reduced':>11s} {'sent/replica':>12s} "
+          f"{'network/host':>12s} {'max global batch':>16s}")
+    options = {k: v for k, v in options.items() if k != "replicas"}
+    for config in configs:
+        p = replicas.plan(args.model, args.batch_size, args.sequence_length, n, hosts, fused_clip,
+                          checkpointing=config, **options)
+        twice = "  (twice: the exact global clip's norm pass, then the update)" if (
+            p.estimate.fused and fused_clip == "global") else ""
+        print(f"{config:11s} {p.per_replica / GiB:10.2f}G {f'{p.global_batch} = {n}x{p.batch}':>12s} "
+              f"{p.reduced / GiB:10.2f}G {p.sent / GiB:11.2f}G {p.network / GiB:11.2f}G "
+              f"{f'{n * most[config]} = {n}x{most[config]}':>16s}{twice}")
 
 
 def register(subparsers):
@@ -58,4 +92,9 @@ def register(subparsers):
     p.add_argument("--lora-targets", default=None, help="comma-separated projections or all-linear (default: PEFT's)")
     p.add_argument("--quantize", default=None, choices=checks.QUANTIZATION_MODES,
                    help="with --lora-rank: the frozen base's storage (Keras' Model.quantize)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="data-parallel replicas (devices); --batch-size is then the GLOBAL batch, split evenly")
+    p.add_argument("--hosts", type=int, default=1, help="with --replicas: hosts the replicas spread over evenly")
+    p.add_argument("--fused-clip", default="global", choices=["global", "per-block", "none"],
+                   help="the fused update's clip: global (exact) all-reduces the gradients twice, per-block once")
     p.set_defaults(func=_plan)

@@ -48,6 +48,9 @@ class MemoryEstimate:
         the fly (zoo.memory.lora), in both phases. With LoRA, weights are the frozen base as stored
         plus the adapters and a new head, and gradients, optimizer state and the update count
         those trainable variables only.
+    reduce_buffer, block_reduce: with replicas (`estimate(replicas=N)`), the flat copy of the
+        gradients the all-reduce packs them into (zoo.memory.replicas): all of them, or fused, the
+        embedding's and head's at the end (`reduce_buffer`) and one block's (`block_reduce`).
 
     `total` is the peak of a step's two phases, on top of weights and optimizer state:
     the start of the backward pass (activations + saved_extra + logits + head_gradient)
@@ -71,6 +74,8 @@ class MemoryEstimate:
     fused: bool = False
     block_update: int = 0
     transient: int = 0
+    reduce_buffer: int = 0
+    block_reduce: int = 0
 
     @property
     def backward_peak(self) -> int:
@@ -82,20 +87,20 @@ class MemoryEstimate:
 
     @property
     def walk_peak(self) -> int:
-        """Fused: block i recomputed and updated (the logits are gone by then)."""
-        return self.activations + self.saved_extra + self.gradients + self.block_update
+        """Fused: block i recomputed, its gradients all-reduced, then updated (the logits are gone by then)."""
+        return self.activations + self.saved_extra + self.gradients + max(self.block_update, self.block_reduce)
 
     @property
     def total(self) -> int:
-        if self.fused:  # the start, the walk, and the embedding's and head's update at the end
-            steps = max(self.backward_peak, self.walk_peak, self.gradients + self.update)
-        else:
-            steps = max(self.backward_peak, self.update_peak)
+        if self.fused:  # the start, the walk, and the embedding's and head's reduce and update at the end
+            steps = max(self.backward_peak, self.walk_peak, self.gradients + max(self.update, self.reduce_buffer))
+        else:  # with replicas, the all-reduce comes between the backward pass and the update
+            steps = max(self.backward_peak, self.update_peak, self.gradients + self.reduce_buffer)
         return self.weights + self.optimizer + steps
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        del out["fused"], out["block_update"]
+        del out["fused"], out["block_update"], out["reduce_buffer"], out["block_reduce"]
         return {**out, "total": self.total}
 
     def table(self) -> str:
@@ -203,7 +208,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
              checkpointing="none", task=None, optimizer: str = "adamw", attention: str = "auto",
              chunk_size: int | None = None, fused: bool = False, loss_chunk: int | None = None,
              accumulation_steps: int = 1, weights_dtype: str = "float32", lora_rank: int | None = None,
-             lora_targets=None, quantize: str | None = None) -> MemoryEstimate:
+             lora_targets=None, quantize: str | None = None, replicas: int = 1) -> MemoryEstimate:
     """Bytes one training step holds at its peak, by component: what the TF allocator's
     peak shows for a process that builds the model and the optimizer and trains.
 
@@ -231,6 +236,8 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
         lora_targets: the adapted projections, as zoo.lora.enable_lora takes them (by the last
             part of their names here); None: PEFT's default.
         quantize: "int8" or "int4": the frozen base as Keras' Model.quantize stores it.
+        replicas: data-parallel replicas; above 1 the all-reduce's packed copy of the gradients is
+            counted too (zoo.memory.replicas). `batch_size` stays ONE replica's batch here.
 
     Returns:
         A `MemoryEstimate` (bytes per component and `.total`).
@@ -296,6 +303,9 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
     )
     if lora_rank is not None:
         trained = _lora(s, task, lora_rank, lora_targets, quantize, precision, optimizer, accumulation_steps)
+    if checks.positive("replicas", replicas) > 1:  # the all-reduce concatenates what it reduces into one buffer
+        outer = trained["gradients"] - (block_params * vbytes if fused else 0)
+        trained.update(reduce_buffer=outer, block_reduce=block_params * vbytes if fused else 0)
     return MemoryEstimate(
         activations=int(activations),
         logits=int(logits),
