@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from recipes import watchdog
+from zoo import checks
 
 KINDS = ("mirrored", "multi-worker")
 # One all-reduce waiting longer than this for a peer fails the run. It bounds the first step too, whose
@@ -122,13 +123,7 @@ class Cluster:
 
     def check_batch(self, batch_size: int):
         """The global batch must split evenly, so every replica's slice has the same size."""
-        if batch_size % self.replicas:
-            low = batch_size - batch_size % self.replicas
-            raise ValueError(
-                f"batch_size={batch_size} does not split over the {self.replicas} replicas of this "
-                f"{self.kind} run: the global batch must be a multiple of {self.replicas}. Use --batch-size "
-                f"{low + self.replicas}{f' or {low}' if low else ''}."
-            )
+        checks.global_batch(batch_size, self.replicas, f" of this {self.kind} run")
 
     @contextlib.contextmanager
     def writable(self, out_dir):

@@ -11,6 +11,18 @@ def positive(name: str, value):
     return value
 
 
+def global_batch(batch_size: int, replicas: int, where: str = "") -> int:
+    """The slice of a global batch each of `replicas` replicas trains, refused unless it splits
+    evenly (every replica's slice has the same size). `where` names the run, e.g. " of this mirrored run"."""
+    if batch_size % replicas:
+        low = batch_size - batch_size % replicas
+        raise ValueError(
+            f"--batch-size {batch_size} is the global batch and does not split over {replicas} replicas{where}: each "
+            f"replica takes an equal slice, so it must be a multiple of {replicas}. Use --batch-size "
+            f"{low + replicas}{f' or {low}' if low else ''}.")
+    return batch_size // replicas
+
+
 def fused(policy: str, accumulation_steps: int = 1):
     """Refuse what the fused update (zoo.training.fused) cannot train with. `policy` is the
     checkpointing policy ("auto" passes: the planner then picks a fused configuration)."""

@@ -38,13 +38,18 @@ def child_env():
             "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
-@pytest.fixture(scope="module")
-def mirrored(tmp_path_factory):
-    out = tmp_path_factory.mktemp("mirrored") / "report.json"
-    done = subprocess.run([sys.executable, "-m", "tests.recipes.distribute_child", "mirrored", str(out)],
+def child_report(tmp_path_factory, mode):
+    """The JSON report of `python -m tests.recipes.distribute_child MODE`."""
+    out = tmp_path_factory.mktemp(mode) / "report.json"
+    done = subprocess.run([sys.executable, "-m", "tests.recipes.distribute_child", mode, str(out)],
                           capture_output=True, text=True, timeout=400, env=child_env(), cwd=REPO)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def mirrored(tmp_path_factory):
+    return child_report(tmp_path_factory, "mirrored")
 
 
 @pytest.mark.timeout(420)
@@ -62,11 +67,7 @@ def test_mirrored_equals_one_device(mirrored, scenario):
 
 @pytest.fixture(scope="module")
 def fused(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fused") / "report.json"
-    done = subprocess.run([sys.executable, "-m", "tests.recipes.distribute_child", "fused", str(out)],
-                          capture_output=True, text=True, timeout=400, env=child_env(), cwd=REPO)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(out.read_text())
+    return child_report(tmp_path_factory, "fused")
 
 
 @pytest.mark.timeout(420)
@@ -96,7 +97,8 @@ def test_fused_float16_overflow_on_one_replica_skips_the_step_on_both(fused):
 @pytest.mark.timeout(420)
 def test_a_global_batch_that_does_not_split_is_refused(mirrored):
     message = mirrored["odd_batch_error"]
-    assert "batch_size=3" in message and "2 replicas" in message and "--batch-size 4 or 2" in message
+    assert "--batch-size 3 is the global batch" in message and "2 replicas of this mirrored run" in message
+    assert "--batch-size 4 or 2" in message
 
 
 @pytest.mark.parametrize("text, named", [

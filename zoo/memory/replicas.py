@@ -27,13 +27,7 @@ def per_replica_batch(global_batch: int, replicas: int, hosts: int = 1) -> int:
         raise ValueError(
             f"--replicas {replicas} does not spread evenly over --hosts {hosts}: every host runs the same number of "
             f"replicas (one per device). Use --hosts {ok}, or --replicas {hosts * (replicas // hosts + 1)}.")
-    if global_batch % replicas:
-        low = global_batch - global_batch % replicas
-        raise ValueError(
-            f"--batch-size {global_batch} is the global batch and does not split over {replicas} replicas: each "
-            f"replica takes an equal slice, so it must be a multiple of {replicas}. Use --batch-size "
-            f"{low + replicas}{f' or {low}' if low else ''}.")
-    return global_batch // replicas
+    return checks.global_batch(global_batch, replicas)
 
 
 def check_fused_clip(fused_clip):
