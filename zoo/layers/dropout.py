@@ -17,7 +17,9 @@ class Dropout(keras.layers.Layer):
     def __init__(self, rate, seed=None, **kwargs):
         super().__init__(**kwargs)
         self.rate = float(rate)
-        self.seed_generator = keras.random.SeedGenerator(seed, name="seed_generator")
+        # As Keras' Dropout: a generator only where it draws, so the model's other initial weights
+        # (drawn from the same global seed) do not depend on which dropout class built it.
+        self.seed_generator = keras.random.SeedGenerator(seed, name="seed_generator") if self.rate else None
 
     def call(self, x, training=False):
         if not training or not self.rate:
