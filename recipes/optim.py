@@ -14,6 +14,7 @@ from keras import ops
 
 from zoo import optimizers
 from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS, check, state_bytes
+from zoo.training.step import sum_over_replicas
 
 __all__ = [
     "RECIPE_OPTIMIZERS", "AdamW", "Adafactor", "KerasAdafactor", "Lion", "SumReplicaGradients", "WarmupDecay",
@@ -65,11 +66,7 @@ class SumReplicaGradients:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         context = _replicas()
         if context is not None:
-            grads = list(grads)
-            present = [i for i, g in enumerate(grads) if g is not None]
-            summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in present])
-            for i, g in zip(present, summed):
-                grads[i] = g
+            grads = sum_over_replicas(grads, context)
         return super().apply(grads, trainable_variables)
 
     # Below: with the gradients already summed, each replica applies them to its own copies.

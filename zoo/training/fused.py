@@ -55,13 +55,8 @@ def _summed(grads):
     divided by the replica count, so the sum is the global batch's gradient); else `grads`."""
     if not tf.distribute.has_strategy():
         return grads
-    present = [i for i, g in enumerate(grads) if g is not None]
-    summed = tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, [tf.convert_to_tensor(grads[i]) for i in present])
-    grads = list(grads)
-    for i, g in zip(present, summed):
-        grads[i] = g
-    return grads
+    dense = [None if g is None else tf.convert_to_tensor(g) for g in grads]
+    return step.sum_over_replicas(dense, tf.distribute.get_replica_context())
 
 
 def _global_clip_scale(norm, clipnorm):

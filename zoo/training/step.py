@@ -23,6 +23,17 @@ def check_weights(model):
             "with float32 weights (dtype='mixed_bfloat16').")
 
 
+def sum_over_replicas(grads, context):
+    """Every present gradient summed across the replicas of `context` (one `all_reduce`); Nones
+    stay in place. The fused update and recipes' optimizers both sum before anything else reads them."""
+    grads = list(grads)
+    present = [i for i, g in enumerate(grads) if g is not None]
+    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in present])
+    for i, g in zip(present, summed):
+        grads[i] = g
+    return grads
+
+
 def track_loss(model, x, loss):
     """The running loss `fit` reports, weighted by the batch size as Keras' own step does."""
     model._loss_tracker.update_state(unscale_loss_for_distribution(loss),
