@@ -33,5 +33,17 @@ def policy_name(policy) -> str:
 
 
 def recompute(fn, *tensors):
-    """`fn(*tensors)`, keeping none of fn's intermediate activations for the backward pass."""
-    return tf.recompute_grad(fn)(*tensors)
+    """`fn(*tensors)`, keeping none of fn's intermediate activations for the backward pass.
+
+    What fn computes from variables alone (a LoRA layer's merged kernel W + s·A·B, a quantized
+    kernel dequantized, a mixed-precision cast) has no data input from the block, so TensorFlow's
+    graph executor would compute every block's at the start of the step and hold them all to the
+    block's backward: about a float32 copy of the frozen weights. A control dependency on the
+    block's input makes them wait for it (in the replay, for the output gradient, through
+    tf.recompute_grad's own data dependency)."""
+
+    def when_inputs_exist(*args):
+        with tf.control_dependencies(args[:1]):
+            return fn(*args)
+
+    return tf.recompute_grad(when_inputs_exist)(*tensors)
