@@ -35,26 +35,35 @@ def split_cpu(n):
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
 
 
-# name: (checkpointing, precision, accumulation_steps): each policy once, `full` with accumulation and
-# `none` under mixed_bfloat16, as one child process must stay short (each fit traces anew).
+# name: (checkpointing, precision, accumulation_steps, LoRA): each policy once, `full` with accumulation,
+# `none` under mixed_bfloat16, and LoRA adapters (zoo.lora, every projection) under `full`, as one child
+# process must stay short (each fit traces anew).
 SCENARIOS = {
-    "none-bf16": ("none", "mixed_bfloat16", 1),
-    "selective": ("selective", "float32", 1),
-    "full-accumulation": ("full", "float32", 2),
+    "none-bf16": ("none", "mixed_bfloat16", 1, False),
+    "selective": ("selective", "float32", 1, False),
+    "full-accumulation": ("full", "float32", 2, False),
+    "lora-full": ("full", "float32", 1, True),
 }
 
 
-def _fit(cluster, recipe, dataset, steps):
+def _fit(cluster, recipe, dataset, steps, lora=False):
+    """The trained weights, and how many frozen variables a GradientTape would still watch (LoRA:
+    every copy of a frozen variable must be frozen for TensorFlow too, zoo.lora._set_trainable)."""
     import keras
     import numpy as np
 
+    import zoo
     from recipes import build
 
     keras.utils.set_random_seed(0)
     with cluster.scope():
         model = cluster.prepare(build(recipe))
+        if lora:
+            zoo.lora.enable_lora(model, rank=4, alpha=8, targets="all-linear")
         model.fit(cluster.distribute(dataset), epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False)
-    return [np.asarray(v.value, dtype="float64") for v in model.trainable_variables]
+    watched_frozen = sum(c.trainable for v in model.variables if not v.trainable
+                         for c in getattr(v._value, "values", (v._value,)))
+    return [np.asarray(v.value, dtype="float64") for v in model.trainable_variables], watched_frozen
 
 
 def mirrored(out):
@@ -73,14 +82,15 @@ def mirrored(out):
     dataset = tf.data.Dataset.from_tensor_slices(rows).batch(4).map(
         lambda r: ({"token_ids": r[:, :-1], "padding_mask": tf.ones_like(r[:, :-1])}, r[:, 1:]))
     report = {"replicas": two.replicas}
-    for name, (policy, precision, k) in SCENARIOS.items():
+    for name, (policy, precision, k, lora) in SCENARIOS.items():
         recipe = recipes.get("dec-base").replace(
             model_overrides={**TINY_DEC, "dropout": 0.1}, checkpointing=policy, precision=precision,
             accumulation_steps=k, batch_size=4, steps=3, warmup_steps=1, learning_rate=1e-3, clipnorm=1.0)
-        a, b = _fit(one, recipe, dataset, 3 * k), _fit(two, recipe, dataset, 3 * k)
+        (a, _), (b, watched_frozen) = (_fit(one, recipe, dataset, 3 * k, lora), _fit(two, recipe, dataset, 3 * k, lora))
         report[name] = {
             "max_rel": max(float(np.max(np.abs(x - y)) / np.max(np.abs(x))) for x, y in zip(a, b)),
             "norm_rel": max(float(np.linalg.norm(x - y) / np.linalg.norm(x)) for x, y in zip(a, b)),
+            "trained": len(a), "watched_frozen": watched_frozen,
         }
     try:
         two.check_batch(3)

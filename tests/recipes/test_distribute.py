@@ -26,7 +26,7 @@ import sys
 import pytest
 
 from recipes import distribute
-from tests.common import REPO
+from tests.common import REPO, TINY_DEC
 from tests.recipes.distribute_child import SCENARIOS
 
 FLOAT32_REL = 1e-5  # max |difference| / max |weight|, per variable
@@ -56,9 +56,13 @@ def mirrored(tmp_path_factory):
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_mirrored_equals_one_device(mirrored, scenario):
     """`none` under mixed_bfloat16 (compared with one device under the same policy), `selective`, and
-    `full` with 2 micro-batches accumulated per update (keras #20582)."""
+    `full` with 2 micro-batches accumulated per update (keras #20582), and LoRA adapters under `full`
+    (only A and B train: 2 x 7 projections x 2 layers; no frozen replica copy is left trainable to TensorFlow)."""
     assert mirrored["replicas"] == 2
     got = mirrored[scenario]
+    assert got["watched_frozen"] == 0, got
+    if SCENARIOS[scenario][3]:
+        assert got["trained"] == 2 * 7 * TINY_DEC["num_layers"], got
     if SCENARIOS[scenario][1] == "mixed_bfloat16":
         assert got["max_rel"] < BF16_REL and got["norm_rel"] < BF16_NORM_REL, got
     else:

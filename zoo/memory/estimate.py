@@ -44,6 +44,10 @@ class MemoryEstimate:
         end of the backward pass, while every other gradient exists (its activations, saved
         extras and the attention core's tiles); 0 under the other policies.
     fused: the update runs inside the backward pass (so its phases overlap).
+    replay: under "full", the part of `activations` that is one block's replay (its activations and
+        the attention core's tiles). The logits and the head's first gradient are gone before the
+        first block is replayed, so the start of the backward pass holds the larger of the two, not
+        both; 0 under the other policies.
     transient: with LoRA, the kernel-sized tensor the largest LoRA or quantized matmul makes on
         the fly (zoo.memory.lora), in both phases. With LoRA, weights are the frozen base as stored
         plus the adapters and a new head, and gradients, optimizer state and the update count
@@ -53,7 +57,8 @@ class MemoryEstimate:
         embedding's and head's at the end (`reduce_buffer`) and one block's (`block_reduce`).
 
     `total` is the peak of a step's two phases, on top of weights and optimizer state:
-    the start of the backward pass (activations + saved_extra + logits + head_gradient)
+    the start of the backward pass (activations + saved_extra + logits + head_gradient; under
+    "full", the logits and head gradient or one block's replay, whichever is larger)
     or its end and the update (all gradients + the update's temporaries + recompute),
     whichever is larger. With `fused` the update happens during the backward pass: the walk
     over the blocks holds the saved inputs and one recomputed block (`activations`,
@@ -76,10 +81,12 @@ class MemoryEstimate:
     transient: int = 0
     reduce_buffer: int = 0
     block_reduce: int = 0
+    replay: int = 0
 
     @property
     def backward_peak(self) -> int:
-        return self.activations + self.saved_extra + self.logits + self.head_gradient + self.transient
+        loss = self.logits + self.head_gradient
+        return self.activations - self.replay + max(loss, self.replay) + self.saved_extra + self.transient
 
     @property
     def update_peak(self) -> int:
@@ -100,7 +107,7 @@ class MemoryEstimate:
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        del out["fused"], out["block_update"], out["reduce_buffer"], out["block_reduce"]
+        del out["fused"], out["block_update"], out["reduce_buffer"], out["block_reduce"], out["replay"]
         return {**out, "total": self.total}
 
     def table(self) -> str:
@@ -118,6 +125,10 @@ def _variable_bytes(precision: str) -> int:
 
 
 TILES_ALIVE = 6  # float32 tiles in the chunked core's backward: scores, P, dropout scale, dP, dS, dropped P
+# Keys of one tile run as straight-line ops (no loop: zoo.ops.attention_core._loop), and the executor frees
+# each tile after its last use. Measured at 8 x 512 on dec-1b (docs/memory.md): LoRA steps, whose peak is a
+# block's replay, held ~2 tiles, and the (d)/(e) rows' over-prediction was ~4 tiles' bytes.
+ONE_TILE_ALIVE = 2
 
 
 def optimizer_state_bytes(optimizer: str, shapes, variable_bytes: int = 4, accumulation_steps: int = 1) -> int:
@@ -273,7 +284,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
         per_layer_no_core += 4 * seq * b * h + 4 * a * seq * b
         per_layer_full = per_layer_no_core
         tile = min(seq, chunk_size or DEFAULT_CHUNK)
-        working = TILES_ALIVE * b * a * tile * tile * 4
+        working = (ONE_TILE_ALIVE if tile == seq else TILES_ALIVE) * b * a * tile * tile * 4
     layers = s.num_layers
     if policy == "none":
         activations = layers * per_layer_full
@@ -311,6 +322,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
         logits=int(logits),
         saved_extra=int(_saved_extra(s, b, seq, precision, policy)),
         recompute=int(per_layer_full + _saved_extra(s, b, seq, precision, "full") + working) if policy == "full" else 0,
+        replay=int(per_layer_full + working) if policy == "full" else 0,
         fused=fused,
         **trained,
     )
