@@ -57,9 +57,10 @@ def _fit(cluster, recipe, dataset, steps, lora=False):
 
     keras.utils.set_random_seed(0)
     with cluster.scope():
-        model = cluster.prepare(build(recipe))
-        if lora:
+        model = build(recipe)
+        if lora:  # before prepare, which builds the optimizer for the trainable variables
             zoo.lora.enable_lora(model, rank=4, alpha=8, targets="all-linear")
+        model = cluster.prepare(model)
         model.fit(cluster.distribute(dataset), epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False)
     watched_frozen = sum(c.trainable for v in model.variables if not v.trainable
                          for c in getattr(v._value, "values", (v._value,)))

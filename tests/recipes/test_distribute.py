@@ -65,6 +65,9 @@ def test_mirrored_equals_one_device(mirrored, scenario):
         assert got["trained"] == 2 * 7 * TINY_DEC["num_layers"], got
     if SCENARIOS[scenario][1] == "mixed_bfloat16":
         assert got["max_rel"] < BF16_REL and got["norm_rel"] < BF16_NORM_REL, got
+    elif SCENARIOS[scenario][3]:  # B starts at 0: after 3 Adam steps its entries are ~3 x lr, so the replicas'
+        # summation order shows more against them (measured max 2.9e-5, norm 2.9e-6)
+        assert got["max_rel"] < 1e-4 and got["norm_rel"] < FLOAT32_REL, got
     else:
         assert got["max_rel"] < FLOAT32_REL, got
 
