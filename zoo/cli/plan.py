@@ -10,8 +10,9 @@ from zoo.memory import CONFIGS, OPTIMIZERS, GiB, choose, default_budget, estimat
 COLUMNS = ("weights", "grads", "optimizer", "activ.", "logits", "extra", "head grad", "update", "recompute",
            "transient", "total")
 FORMULA = ("total = weights + optimizer + max(activ. + extra + logits + head grad, grads + update + recompute) "
-           "(+ transient in both with LoRA); fused: max(the same start, activ. + extra + grads + a block's update, "
-           "grads + update)")
+           "(+ transient in both with LoRA; under full, activ. holds one block's replay, and the start counts the "
+           "larger of it and logits + head grad); fused: max(the same start, activ. + extra + grads + a block's "
+           "update, grads + update)")
 
 
 REPLICA_FORMULA = ("per replica: the same at the per-replica batch, with the all-reduce's flat copy of the gradients "
