@@ -286,13 +286,13 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
         tile = min(seq, chunk_size or DEFAULT_CHUNK)
         working = (ONE_TILE_ALIVE if tile == seq else TILES_ALIVE) * b * a * tile * tile * 4
     layers = s.num_layers
+    replay = per_layer_full + working if policy == "full" else 0  # one block recomputed, its tiles included
     if policy == "none":
-        activations = layers * per_layer_full
+        activations = layers * per_layer_full + working
     elif policy == "selective":
-        activations = layers * per_layer_no_core
+        activations = layers * per_layer_no_core + working
     else:
-        activations = layers * 2 * seq * b * h * scale + per_layer_full
-    activations += working
+        activations = layers * 2 * seq * b * h * scale + replay
     logits = 0
     if loss_chunk is not None and task != "causal_lm":
         raise ValueError(f"loss_chunk applies to task 'causal_lm' only, not {task!r}.")
@@ -321,8 +321,8 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
         activations=int(activations),
         logits=int(logits),
         saved_extra=int(_saved_extra(s, b, seq, precision, policy)),
-        recompute=int(per_layer_full + _saved_extra(s, b, seq, precision, "full") + working) if policy == "full" else 0,
-        replay=int(per_layer_full + working) if policy == "full" else 0,
+        recompute=int(replay + _saved_extra(s, b, seq, precision, "full")) if policy == "full" else 0,
+        replay=int(replay),
         fused=fused,
         **trained,
     )
