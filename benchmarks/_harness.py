@@ -92,8 +92,8 @@ def process_tree(pid) -> list:
 
 
 class TreePeak:
-    """The largest RSS of this process and the processes it starts (a weight-only int8 export's
-    conversion processes), sampled every 50 ms over a block; `peak` in bytes."""
+    """The largest RSS of this process and the processes it starts,
+    sampled every 50 ms over a block; `peak` in bytes."""
 
     def __init__(self):
         self.peak, self._stop = 0, threading.Event()

@@ -9,8 +9,9 @@ Rows, each in its own guarded process (from one saved .keras file, so all rows s
     saved_model     the SavedModel's `generate` signature, loaded with tf.saved_model.load
     tflite float32  prefill/decode signatures (zoo.export.litert), ai_edge_litert
     tflite int8     the same with int8 weights (int8_mode "auto": the converter's dynamic range when
-                    its peak fits the memory available, else Keras' weight-only int8 first; the
-                    route is printed beside the row)
+                    its peak fits the memory available, else stand_in; the route is printed
+                    beside the row)
+    tflite int8 stand_in   int8 with int8_mode "stand_in" whatever the memory (zoo.export.stand_in)
     logits loop     today's logits-only SavedModel (`serving_default`), called from Python
                     once per token on the whole prefix: the baseline this issue replaces
 Time to first token is the prefill plus one token (generate with max_new_tokens=1); tokens/s
@@ -33,7 +34,8 @@ from pathlib import Path
 import _harness
 
 GiB = 2**30
-ROWS = ("keras", "saved_model", "tflite float32", "tflite int8", "logits loop")
+ROWS = ("keras", "saved_model", "tflite float32", "tflite int8", "tflite int8 stand_in", "logits loop")
+DEFAULT_ROWS = ("keras", "saved_model", "tflite float32", "tflite int8", "logits loop")
 TINY = dict(num_layers=2, hidden_dim=64, num_heads=4, num_kv_heads=2, intermediate_dim=128, vocab_size=512)
 
 
@@ -76,7 +78,7 @@ def measure(name, row, folder, prompt_length, new, tiny, runs, threads):
     out = {"model": name, "format": row}
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # from here, VmHWM is the export's peak
-    tree = _harness.TreePeak().__enter__()  # and with a weight-only int8 export's conversion processes
+    tree = _harness.TreePeak().__enter__()  # and any process the export starts
     start = time.perf_counter()
     if row == "keras":
         def run(n):
@@ -107,11 +109,11 @@ def measure(name, row, folder, prompt_length, new, tiny, runs, threads):
                     ids = np.concatenate([ids, np.argmax(logits.numpy(), -1).astype(np.int32)[:, None]], axis=1)
                 return ids
     else:
-        quantize = row.split()[1]
-        result = export.tflite_generator(model, folder / f"{name}_{quantize}.tflite",
-                                                quantize=None if quantize == "float32" else quantize,
-                                                prefill_length=prompt_length, cache_length=prompt_length + new,
-                                                overwrite=True)
+        quantize, int8_mode = (row.split()[1:] + ["auto"])[:2]
+        result = export.tflite_generator(model, folder / f"{name}_{quantize}_{int8_mode}.tflite",
+                                         quantize=None if quantize == "float32" else quantize,
+                                         prefill_length=prompt_length, cache_length=prompt_length + new,
+                                         overwrite=True, int8_mode=int8_mode)
         out["bytes"], out["estimated_bytes"], out["int8_mode"] = result.size_bytes, result.estimated_bytes, \
             result.int8_mode
         del model
@@ -134,7 +136,7 @@ def measure(name, row, folder, prompt_length, new, tiny, runs, threads):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["dec-base"])
-    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
+    parser.add_argument("--rows", nargs="+", default=list(DEFAULT_ROWS), choices=ROWS)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3, help="median of this many timed runs")

@@ -2,10 +2,10 @@
 `zoo.export.size.conversion_bytes` (the prediction `int8_mode="auto"` decides with).
 
     python benchmarks/tflite_memory.py --layers 10                     # dec-base at 10 layers, every mode
-    python benchmarks/tflite_memory.py --models dec-1b --modes "int8 weight_only" --budget-gib 22  # alone
+    python benchmarks/tflite_memory.py --models dec-1b --modes "int8 stand_in" --budget-gib 22  # alone
 
 Each row runs `zoo.export.tflite_generator` (prefill 128, cache 256) in its own process,
-guarded: the guard sums the process and the conversion processes it starts (weight_only),
+guarded: the guard sums the process and any process it starts,
 and kills them past --budget-gib. Columns: the process's RSS after building the model, the
 peak of the whole process tree during the export above that, the prediction, and the
 measured peak over the float32 weights ("x weights"). Prints a table and one JSON line.
@@ -22,7 +22,7 @@ from pathlib import Path
 import _harness
 
 GiB = 2**30
-MODES = ("float32", "int8 dynamic_range", "int8 weight_only")
+MODES = ("float32", "int8 dynamic_range", "int8 stand_in")
 
 
 def measure(name, mode, layers=None):

@@ -59,3 +59,37 @@ def llama_cpp_permute(weight, heads):
     written out here independently of zoo's inverse."""
     return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
         weight.shape)
+
+
+def same_graph_and_weights(path_a, path_b):
+    """Two .tflite files compute the same thing: operator for operator the same op, options and
+    tensors (shape, type, quantization, constant bytes). Tensor numbering may differ."""
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    a, b = flatbuffer_utils.read_model(str(path_a)), flatbuffer_utils.read_model(str(path_b))
+
+    def described(model, subgraph, index):
+        tensor = subgraph.tensors[index]
+        data, q = model.buffers[tensor.buffer].data, tensor.quantization
+        scales = None if q is None or q.scale is None else (list(q.scale), list(q.zeroPoint), q.quantizedDimension)
+        return list(tensor.shape), tensor.type, scales, None if data is None else bytes(data)
+
+    def code(model, op):
+        c = model.operatorCodes[op.opcodeIndex]
+        return max(c.builtinCode, c.deprecatedBuiltinCode)
+
+    def options(op):
+        return None if op.builtinOptions is None else vars(op.builtinOptions)
+
+    compared = 0
+    assert len(a.subgraphs) == len(b.subgraphs)
+    for sa, sb in zip(a.subgraphs, b.subgraphs):
+        assert len(sa.operators) == len(sb.operators)
+        for oa, ob in zip(sa.operators, sb.operators):
+            assert code(a, oa) == code(b, ob) and options(oa) == options(ob)
+            for ia, ib in zip(list(oa.inputs) + list(oa.outputs), list(ob.inputs) + list(ob.outputs)):
+                assert (ia < 0) == (ib < 0)
+                if ia >= 0:
+                    assert described(a, sa, ia) == described(b, sb, ib), sa.tensors[ia].name
+                    compared += 1
+    return compared

@@ -101,7 +101,7 @@ def encoder_folder(tmp_path_factory):
     (["export", "FOLDER", "--format", "tflite", "--quantize", "q8_0"], "use one of float16, int8"),
     (["export", "FOLDER", "--format", "saved_model", "--generate"], "apply to --format tflite --generate only"),
     (["export", "FOLDER", "--format", "tflite", "--prefill-length", "8"], "apply to --format tflite --generate"),
-    (["export", "FOLDER", "--format", "tflite", "--int8-mode", "weight_only"], "add --quantize int8"),
+    (["export", "FOLDER", "--format", "tflite", "--int8-mode", "stand_in"], "add --quantize int8"),
     (["export", "FOLDER", "--format", "gguf", "--vocabulary", "v.txt"], "--format saved_model only"),
     (["export", "FOLDER", "--format", "tflite", "--generate", "--prefill-length", "65"],
      "prefill_length=65 is outside this model's range 1..64"),

@@ -6,15 +6,14 @@ query attention), whose weights are spread enough that greedy decoding does not 
 token: equal tokens mean something."""
 
 import functools
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import zoo
-from tests.common import REPO, TINY_DEC
+from tests.common import REPO, TINY_DEC, same_graph_and_weights
 from zoo import export, generation, hub
-from zoo.export import convert, size
+from zoo.export import convert, size, stand_in
 
 SOURCE = REPO / "tests" / "fixtures" / "hf" / "llama-rope-parameters"
 PREFILL, CACHE, NEW = 8, 48, 16
@@ -121,7 +120,7 @@ def test_the_size_estimate_bounds_the_files(files):
 def test_an_oversized_float_export_is_refused_before_converting(model, tmp_path, monkeypatch):
     """With the limit lowered between the model's int8 and float16 sizes: float32 and float16
     are refused, naming the size, the limit and the fix, without converting anything (int8 converts
-    under that limit: test_auto_quantizes_with_keras_first_when_the_converter_would_not_fit)."""
+    under that limit: test_stand_in_writes_the_converters_int8_file...)."""
     limit = (size.tflite_bytes(model, "int8") + size.tflite_bytes(model, "float16")) // 2
     monkeypatch.setattr(size, "FLATBUFFER_LIMIT", limit)
 
@@ -151,62 +150,42 @@ def test_a_failed_conversion_leaves_nothing(model, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def in_process(monkeypatch):
-    """weight_only's two conversion processes run here instead (each fresh process would cost ~10 s
-    of imports); run_stage is what `python -m zoo.export STAGE JOB` runs."""
-    stages = []
-
-    def run(stage, job):
-        stages.append(stage)
-        convert.run_stage(stage, job)
-
-    monkeypatch.setattr(convert, "_run_stage", run)
-    return stages
-
-
-def test_auto_quantizes_with_keras_first_when_the_converter_would_not_fit(model, files, tmp_path, monkeypatch,
-                                                                          caplog):
-    """With less memory available than the converter's dynamic-range peak, int8_mode="auto" takes
-    the weight_only route, under a flatbuffer limit lowered below the float16 file: the blocks'
-    kernels are int8 in the file, Keras' first greedy tokens come out, this process's model stays
-    float, and the file fits the size estimate."""
-    stages = in_process(monkeypatch)
+def test_stand_in_writes_the_converters_int8_file_and_auto_takes_it_when_memory_is_short(tmp_path, monkeypatch,
+                                                                                          caplog):
+    """int8_mode="auto" with less memory available than the converter's dynamic-range peak takes
+    the stand_in route: its file equals the converter's own int8 file of the same model operator
+    for operator, int8 bytes and scales included (channels that are all zero, or under the
+    converter's smallest range, too), generates the same tokens, fits the size estimate under a
+    flatbuffer limit lowered below the float16 file, and leaves the model's weights as they were."""
+    model = hub.load(SOURCE)  # its own copy: channels are edited
+    kernel = model.backbone.blocks[0].attention.query_dense.kernel
+    edited = kernel.numpy()
+    edited[:, 0] = 0.0
+    edited[:, 1] *= 2e-7 / np.abs(edited[:, 1]).max()
+    kernel.assign(edited)
+    before = [v.numpy() for v in model.weights]
+    direct = export.tflite_generator(model, tmp_path / "direct.tflite", quantize="int8", prefill_length=PREFILL,
+                                     cache_length=CACHE, int8_mode="dynamic_range")
+    monkeypatch.setattr(size, "available_bytes", lambda: size.conversion_bytes(model, "int8", "dynamic_range") - 1)
     monkeypatch.setattr(size, "FLATBUFFER_LIMIT", (size.tflite_bytes(model, "int8")
                                                    + size.tflite_bytes(model, "float16")) // 2)
-    need = size.conversion_bytes(model, "int8", "dynamic_range")
-    monkeypatch.setattr(size, "available_bytes", lambda: need - 1)
-    result = export.tflite_generator(model, tmp_path / "w8.tflite", quantize="int8", prefill_length=PREFILL,
+    result = export.tflite_generator(model, tmp_path / "stand_in.tflite", quantize="int8", prefill_length=PREFILL,
                                      cache_length=CACHE)
-    assert result.int8_mode == "weight_only" and stages == list(convert.STAGES)
-    assert "int8_mode='weight_only'" in caplog.text
+    assert result.int8_mode == "stand_in" and "int8_mode='stand_in'" in caplog.text
+    assert same_graph_and_weights(direct.path, result.path) > 100
     assert result.size_bytes <= result.estimated_bytes <= size.FLATBUFFER_LIMIT
-    dense = model.backbone.blocks[0].attention.query_dense
-    assert dense.quantization_mode is None and dense.kernel.dtype == "float32"
-    from ai_edge_litert.interpreter import Interpreter
-
-    kernels = [t for t in Interpreter(model_path=result.path).get_tensor_details() if t["dtype"] == np.int8]
-    # every block kernel the converter does not fold back to float (under INT8_MIN_ELEMENTS: k and v
-    # here), and the embedding and head it quantizes itself
-    big = [v for block in model.backbone.blocks for v in block.weights
-           if len(v.shape) == 2 and np.prod(v.shape) >= size.INT8_MIN_ELEMENTS]
-    assert len(big) == 5 * model.spec.num_layers and len(kernels) >= len(big) + 2
-    assert not {op for op in ops(result.path) if op.startswith("Flex") or op == "CUSTOM"}
-    assert abs(result.size_bytes - files["int8"].size_bytes) < 0.1 * files["int8"].size_bytes
-    int8_agreement(model, result.path, "weight_only")
+    assert all(np.array_equal(v.numpy(), b) for v, b in zip(model.weights, before))
+    np.testing.assert_array_equal(export.LiteRTGenerator(result.path).generate(LONG[0], NEW),
+                                  export.LiteRTGenerator(direct.path).generate(LONG[0], NEW))
 
 
-def test_an_interrupted_weight_only_export_leaves_nothing(model, tmp_path, monkeypatch):
-    """A conversion process that fails: its error is raised, no file, no temporary folder left."""
-    def run(stage, job):
-        if stage == "convert":
-            raise RuntimeError("The weight-only int8 export's convert process failed")
-        Path(job["saved_model"]).mkdir()
+def test_an_interrupted_stand_in_export_leaves_nothing(model, tmp_path, monkeypatch):
+    """Writing the real weights fails: the error is raised and no file is left."""
+    def crash(flatbuffer, stand_ins):
+        raise RuntimeError("writing the weights failed")
 
-    monkeypatch.setattr(convert, "_run_stage", run)
-    monkeypatch.setattr(convert.tempfile, "tempdir", str(tmp_path / "scratch"))
-    (tmp_path / "scratch").mkdir()
-    (tmp_path / "out").mkdir()
-    with pytest.raises(RuntimeError, match="convert process failed"):
-        export.tflite_generator(model, tmp_path / "out" / "w8.tflite", quantize="int8", int8_mode="weight_only",
+    monkeypatch.setattr(stand_in, "write_weights", crash)
+    with pytest.raises(RuntimeError, match="writing the weights failed"):
+        export.tflite_generator(model, tmp_path / "w8.tflite", quantize="int8", int8_mode="stand_in",
                                 prefill_length=PREFILL, cache_length=CACHE)
-    assert list((tmp_path / "scratch").iterdir()) == [] and list((tmp_path / "out").iterdir()) == []
+    assert list(tmp_path.iterdir()) == []

@@ -89,9 +89,10 @@ def register(subparsers):
                    help="--generate: positions the cache holds, prompt plus new tokens (default: the model's "
                    "maximum, at most 1024)")
     p.add_argument("--int8-mode", choices=export.INT8_MODES, default=None,
-                   help="tflite --quantize int8: dynamic_range (the converter; faster kernels, ~5.5 float32 copies "
-                   "of the weights in memory), weight_only (Keras first, in fresh processes; less memory) or auto "
-                   "(default: dynamic_range when it fits the memory available)")
+                   help="tflite --quantize int8: dynamic_range (the converter quantizes; ~8 float32 copies of the "
+                   "weights in memory), stand_in (the converter sees constant stand-ins, the real weights are "
+                   "quantized into its file after: the same file in a fraction of the memory) or auto (default: "
+                   "dynamic_range when it fits the memory available, else stand_in)")
     p.add_argument("--vocabulary", default=None,
                    help="a WordPiece vocab.txt: adds the `text` signature (needs tensorflow-text to load)")
     p.add_argument("--lowercase", action="store_true", help="lower-case text before WordPiece")

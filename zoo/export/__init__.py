@@ -7,6 +7,7 @@ pair with its key/value cache), and how far each file is from Keras.
     tflite_file.py  the serving graph as .tflite, with a parity report
     litert.py       prefill/decode .tflite files and the loop that runs them
     convert.py      the converter, and how int8 weights are made
+    stand_in.py     int8 files of models too large to convert: stand-ins, real weights after
     size.py         file size and converter memory, known before converting
 
 GGUF files for llama.cpp are written by zoo.hub.write_gguf. Details: docs/export.md.

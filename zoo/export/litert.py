@@ -108,7 +108,7 @@ def tflite_generator(model, path, quantize=None, prefill_length=128, cache_lengt
             min(model maximum, 1024).
         batch_size: rows per call (B); rows of one batch share their positions.
         overwrite: replace an existing file.
-        int8_mode: "auto", "dynamic_range" or "weight_only", as `zoo.export.tflite`.
+        int8_mode: "auto", "dynamic_range" or "stand_in", as `zoo.export.tflite`.
 
     Returns:
         A `LiteRTExport` (the file's size and the size estimated before converting).

@@ -68,29 +68,21 @@ def check_flatbuffer(model, quantize=None, limit=None):
 # adds over its process's start, in float32 copies of the weights it imports. int8: 5.5 for the serving
 # graph, 7.7 for a prefill/decode file (two signatures); the larger is used.
 CONVERTER_COPIES = {None: 6.8, "float16": 6.8, "int8": 7.7}
-# weight_only: the quantize process holds the float model, its int8 kernels and the traced graph; the
-# convert process imports int8 kernels (counted at their own size) and the float embedding and head.
-QUANTIZE_COPIES = 1.6
-INT8_CONVERTER_COPIES = 4.0
-PROCESS_BYTES = 2**30  # a fresh process with TensorFlow, Keras and zoo imported
+# stand_in (zoo.export.stand_in): above the process, a fixed part and bytes per parameter of the weights
+# it replaces (benchmarks/tflite_memory.py: dec-base at 10 layers 1.23 GiB, dec-1b 5.26 GiB): the
+# converter's int8 tensors of the stand-ins for every signature before equal buffers are merged, the
+# file's object and its bytes.
+STAND_IN_FIXED = 2**30
+STAND_IN_BYTES_PER_PARAMETER = 4.5
 
 
 def conversion_bytes(model, quantize=None, int8_mode="dynamic_range") -> int:
-    """The memory a conversion needs beyond what this process holds now: the converter's copies
-    in this process, or for int8_mode="weight_only" the larger of its two fresh processes."""
-    float32 = weight_bytes(model)
-    if quantize != "int8" or int8_mode != "weight_only":
-        return int(CONVERTER_COPIES[quantize] * float32)
-    quantized = weight_bytes(model, "int8") - _untouched(model)
-    stages = (QUANTIZE_COPIES * float32, INT8_CONVERTER_COPIES * quantized + CONVERTER_COPIES["int8"] * _untouched(
-        model) * 4)
-    return int(PROCESS_BYTES + max(stages))
-
-
-def _untouched(model) -> int:
-    """int8 bytes of the weights Keras does not quantize first (outside the blocks: embedding, head)."""
-    blocks = {id(v) for block in model.backbone.blocks for v in block.weights}
-    return sum(int(np.prod(v.shape)) for v in model.weights if id(v) not in blocks)
+    """The memory a conversion needs beyond what this process holds now."""
+    if quantize == "int8" and int8_mode == "stand_in":
+        replaced = sum(int(np.prod(v.shape)) for v in model.weights
+                       if len(v.shape) >= 2 and int(np.prod(v.shape)) >= INT8_MIN_ELEMENTS)
+        return int(STAND_IN_FIXED + STAND_IN_BYTES_PER_PARAMETER * replaced)
+    return int(CONVERTER_COPIES[quantize] * weight_bytes(model))
 
 
 def available_bytes() -> int:

@@ -24,7 +24,7 @@ class ParityReport:
     size_bytes: int
     batch_shape: tuple
     outputs: dict = field(default_factory=dict)  # name -> {"max_abs": .., "max_rel": ..}
-    int8_mode: str = None  # how an int8 file was made: "dynamic_range" or "weight_only" (zoo.export.convert)
+    int8_mode: str = None  # how an int8 file was made: "dynamic_range" or "stand_in" (zoo.export.convert)
 
     @property
     def max_abs(self) -> float:
@@ -100,10 +100,11 @@ def tflite(model, path, quantize=None, batch_size=1, sequence_length=128, overwr
             float activations; no calibration data needed).
         batch_size, sequence_length: the fixed input shape.
         overwrite: replace an existing file at `path`.
-        int8_mode: how int8 weights are made: "dynamic_range" (the converter; fast hybrid
-            kernels, ~5.5 float32 copies of the weights in memory), "weight_only" (Keras
-            first, in fresh processes; less memory, the same kernels) or "auto" (dynamic_range
-            when it fits the memory available). See zoo.export.convert.
+        int8_mode: how int8 weights are made: "dynamic_range" (the converter quantizes them;
+            ~8 float32 copies of the weights in memory), "stand_in" (the converter sees
+            constant stand-ins and the real weights are quantized into its file after: the same
+            file in less memory) or "auto" (dynamic_range when it fits the memory available,
+            else stand_in). See zoo.export.convert.
 
     Returns:
         A `ParityReport`: the file run with ai_edge_litert against Keras, per output.

@@ -1,0 +1,46 @@
+"""int8_mode="stand_in" (zoo.export.stand_in) on the families whose graphs the converter folds
+differently: each file equals the converter's own dynamic-range file operator for operator.
+(The Llama case, with the auto route and an interrupted export: test_export_litert.py.)
+
+Norm scales and vectors are drawn around 1 rather than left at 1: a norm of all ones is removed by
+the converter and then nothing is folded, which would hide the folds these tests are about."""
+
+import numpy as np
+import pytest
+
+import zoo
+from tests.common import TINY, TINY_DEC, same_graph_and_weights
+from zoo import export
+
+
+def spread(model):
+    rng = np.random.default_rng(0)
+    model.set_weights([rng.normal(1.0, 0.1, w.shape).astype(w.dtype) if w.ndim == 1
+                       else rng.normal(0.0, 0.02, w.shape).astype(w.dtype) for w in model.get_weights()])
+    return model
+
+
+@pytest.mark.parametrize("name", ["gemma3-1b", "qwen2.5-0.5b"])
+def test_decoders_with_folded_one_plus_norms_and_biases(name, tmp_path):
+    """Gemma 3: (1 + scale) norms folded into the projections, q/k norms, sandwich norms, a tied
+    embedding scaled after the lookup; Qwen2.5: projection biases."""
+    model = spread(zoo.get(name, **TINY_DEC))
+    files = {mode: export.tflite_generator(model, tmp_path / f"{mode}.tflite", quantize="int8", prefill_length=8,
+                                           cache_length=24, int8_mode=mode) for mode in ("dynamic_range", "stand_in")}
+    assert same_graph_and_weights(files["dynamic_range"].path, files["stand_in"].path) > 100
+    runs = [export.LiteRTGenerator(f.path).generate([[5, 9, 33, 7]], 8) for f in files.values()]
+    np.testing.assert_array_equal(*runs)
+
+
+def test_an_encoders_serving_graph_and_bert_refused_with_the_fix(tmp_path):
+    """ModernBERT's serving graph converts equal; BERT's learned positions are sliced to the
+    exported length, which stand_in does not follow: refused, naming dynamic_range."""
+    modernbert = spread(zoo.get("modernbert-base", task="classifier", num_classes=3, **TINY))
+    reports = {mode: export.tflite(modernbert, tmp_path / f"{mode}.tflite", quantize="int8", sequence_length=16,
+                                   int8_mode=mode) for mode in ("dynamic_range", "stand_in")}
+    assert same_graph_and_weights(reports["dynamic_range"].path, reports["stand_in"].path) > 50
+    assert reports["stand_in"].max_rel == reports["dynamic_range"].max_rel
+    bert = zoo.get("enc-base", task="classifier", num_classes=3, **TINY)
+    with pytest.raises(ValueError, match=r"position_embedding/embeddings \(512, 64\).*int8_mode='dynamic_range'"):
+        export.tflite(bert, tmp_path / "bert.tflite", quantize="int8", sequence_length=16, int8_mode="stand_in")
+    assert not (tmp_path / "bert.tflite").exists()
