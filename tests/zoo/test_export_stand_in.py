@@ -44,3 +44,25 @@ def test_an_encoders_serving_graph_and_bert_refused_with_the_fix(tmp_path):
     with pytest.raises(ValueError, match=r"position_embedding/embeddings \(512, 64\).*int8_mode='dynamic_range'"):
         export.tflite(bert, tmp_path / "bert.tflite", quantize="int8", sequence_length=16, int8_mode="stand_in")
     assert not (tmp_path / "bert.tflite").exists()
+
+
+def test_a_weight_it_cannot_read_back_is_refused_not_left_a_stand_in(tmp_path, monkeypatch):
+    """Without the tables' (1 + scale) entries, Gemma's folded norms are unreadable (as they were
+    before stand_in followed them): the export is refused, naming the weights and the fix, and
+    nothing is written."""
+    from zoo.export import stand_in
+
+    original = stand_in.write_weights
+
+    def without_one_plus(flatbuffer, stand_ins):
+        for table in (stand_ins.by_value, stand_ins.by_scale):
+            for key in [key for key, placed in table.items() if placed[2]]:
+                del table[key]
+        return original(flatbuffer, stand_ins)
+
+    monkeypatch.setattr(stand_in, "write_weights", without_one_plus)
+    gemma = spread(zoo.get("gemma3-1b", **TINY_DEC))
+    with pytest.raises(ValueError, match=r"kernel \(and \d+ more\) is not in the converted file.*dynamic_range"):
+        export.tflite_generator(gemma, tmp_path / "g.tflite", quantize="int8", prefill_length=8, cache_length=24,
+                                int8_mode="stand_in")
+    assert list(tmp_path.iterdir()) == []

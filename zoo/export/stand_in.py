@@ -75,7 +75,7 @@ class StandIns:
         return {name: (wrap(fn), specs) for name, (fn, specs) in endpoints.items()}
 
     def which(self, model, tensor):
-        """(variable index, folded vector index or None) of a tensor made from stand-ins, else None."""
+        """(variable, folded vector or None, offset) of a tensor made from stand-ins, else None."""
         quantization = tensor.quantization
         if tensor.type == schema.TensorType.INT8 and _channels(tensor):
             scale = np.asarray(quantization.scale, np.float32)
@@ -138,7 +138,7 @@ def write_weights(flatbuffer: bytes, stand_ins: StandIns) -> bytes:
                              f"{stand_ins.variables[placed[0]].path} in a way int8_mode='stand_in' cannot follow. "
                              + _FIX)
         tensor.quantization.scale = scales[placed, _channels(tensor)]
-    found = {i for placed, *_ in written for i in placed if i is not None}
+    found = {i for (m, v, _), *_ in written for i in (m, v) if i is not None}
     missing = [v.path for i, v in enumerate(stand_ins.variables) if i not in found]
     if missing:
         raise ValueError(f"{missing[0]} (and {len(missing) - 1} more) is not in the converted file as "
