@@ -88,9 +88,10 @@ def test_chunked_core_estimate_by_hand(spec, precision, activation_bytes):
                 "full": 2 * (2 * SBH) * activation_bytes // 2 + layer + TILES}
     for policy, activations in expected.items():
         assert memory.estimate(spec, B, S, precision, policy, attention="chunked").activations == activations, policy
-    # The default core ("auto") is the plain one under "none" and the chunked one under the others, as models pick it.
+    # The default core ("auto") is the plain one under "none" and "full" (one block's replay keeps its
+    # scores) and the chunked one under "selective", as models pick it.
     for policy in expected:
-        core = "plain" if policy == "none" else "chunked"
+        core = "chunked" if policy == "selective" else "plain"
         assert memory.estimate(spec, B, S, precision, policy) == memory.estimate(spec, B, S, precision, policy,
                                                                                    attention=core), policy
     # ... on one chunk of positions: past it, "none" too runs the chunked core.

@@ -206,8 +206,9 @@ def test_policy_switches_on_a_built_model(core, selective_wrappers):
 
 
 def test_auto_core_follows_the_policy(monkeypatch):
-    """The default core: the plain one (probabilities saved, the fastest) when training under "none" on
-    one tile of keys; the chunked one under "selective" and "full", past one tile, and in inference."""
+    """The default core: the plain one (probabilities saved, the fastest) when training under "none", and
+    in "full"'s replay of one block, on one tile of keys; the chunked one under "selective", past one
+    tile, and in inference."""
     from zoo.ops import attention_core
 
     model = zoo.get("dec-base", **FAMILIES["dec-base"])
@@ -219,7 +220,8 @@ def test_auto_core_follows_the_policy(monkeypatch):
         monkeypatch.setattr(attention_core, name,
                             lambda *a, _real=real, _name=name, **k: used.append(_name.split("_")[0]) or _real(*a, **k))
     for policy, training, core, chunk in [("none", True, "plain", None), ("selective", True, "chunked", None),
-                                          ("full", True, "chunked", None), ("none", False, "chunked", None),
+                                          ("full", True, "plain", None), ("full", True, "chunked", SEQ // 2),
+                                          ("none", False, "chunked", None),
                                           ("none", True, "chunked", SEQ // 2), ("none", True, "plain", SEQ)]:
         model.set_checkpointing(policy)
         model.set_attention("auto", chunk)

@@ -98,8 +98,10 @@ class TransformerBlock(keras.layers.Layer):
 
     def replay(self, x, padding_mask, seed):
         """The block in training with a given dropout seed: the same function every time it
-        is called, which is what recomputation and the fused update (zoo.training.fused) rely on."""
-        return self._forward(x, mask=padding_mask, seed=seed, training=True)[0]
+        is called, which is what recomputation and the fused update (zoo.training.fused) rely on.
+        Its backward follows it at once, one block at a time, so it keeps its own scores
+        (`keep_scores`: the plain core on one tile)."""
+        return self._forward(x, mask=padding_mask, seed=seed, training=True, keep_scores=True)[0]
 
     def decode(self, x, padding_mask, cache, cache_index):
         """Inference with a key/value cache: returns (output, updated cache)."""

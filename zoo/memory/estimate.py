@@ -273,7 +273,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
     block_params = count(block)
 
     check_core(attention)
-    attention = resolve_core(attention, policy == "none", sequence_length, chunk_size)  # as a model picks it
+    attention = resolve_core(attention, policy in ("none", "full"), sequence_length, chunk_size)  # as a model picks it
     b, seq, h, a = batch_size, sequence_length, s.hidden_dim, s.num_heads
     scale = _activation_bytes(precision) / 2  # the formula counts 16-bit activations
     per_layer_no_core = (seq * b * h * 34 + _family_extra_16(s, b, seq)) * scale

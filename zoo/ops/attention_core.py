@@ -94,9 +94,11 @@ def tile_count(query_length, key_length, chunk_size=None, causal=False, window=N
 
 def resolve_core(core, keep_scores, key_length, chunk_size=None) -> str:
     """The core a call runs: `core`, or for "auto" the plain one (probabilities saved for the backward
-    pass: the fastest) when the caller keeps every activation (`keep_scores`: training under "none")
-    and the keys are one tile (a static `key_length` up to the chunk size, where the chunked core's
-    memory would be no lower); else the chunked one. Models and the planner both ask here."""
+    pass: the fastest) when the caller keeps its scores for the backward (`keep_scores`: training
+    under "none", or one block's replay under "full" and the fused update, whose backward follows
+    it at once) and the keys are one tile (a static `key_length` up to the chunk size, where the
+    chunked core's memory would be no lower); else the chunked one ("selective", past one tile,
+    inference). Models and the planner both ask here."""
     if core != "auto":
         return core
     one_tile = key_length is not None and key_length <= (chunk_size or DEFAULT_CHUNK)
