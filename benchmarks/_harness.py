@@ -18,6 +18,7 @@ import json
 import os
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -31,8 +32,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from tools.assets import fetch
 
 __all__ = [
-    "GiB", "ChildRun", "PeakMemory", "available_bytes", "child_main", "fetch", "peak_rss_gib", "print_metrics",
-    "TreePeak", "run_child", "run_if_it_fits", "status_bytes", "training_flags", "tree_rss_bytes", "zoo_cli",
+    "GiB", "ChildRun", "PeakMemory", "available_bytes", "call_seconds", "child_main", "fetch", "median_seconds",
+    "peak_rss_gib", "print_metrics", "TreePeak", "run_child", "run_if_it_fits", "status_bytes", "training_flags",
+    "tree_rss_bytes", "zoo_cli",
 ]
 
 GiB = 2**30
@@ -113,6 +115,23 @@ class TreePeak:
         self._thread.join()
         self.peak = max(self.peak, status_bytes("VmHWM"))  # this process's own peak, never missed
         return False
+
+
+def call_seconds(fn, runs, warmup=1) -> list:
+    """The wall time of each of `runs` calls of `fn`, after `warmup` untimed calls (tracing, allocation)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def median_seconds(fn, runs) -> float:
+    """The median of `runs` timed calls of `fn` after one untimed call."""
+    return statistics.median(call_seconds(fn, runs))
 
 
 def status_bytes(key: str, pid="self") -> int:

@@ -17,7 +17,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import _harness
@@ -27,13 +26,8 @@ LENGTH = 128
 
 
 def timed(fn, runs, warmup=3):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+    """Milliseconds: the median and the 90th percentile of `runs` calls after `warmup` calls."""
+    times = _harness.call_seconds(fn, runs, warmup)
     return statistics.median(times) * 1e3, sorted(times)[int(0.9 * (len(times) - 1))] * 1e3
 
 

@@ -25,7 +25,6 @@ import gc
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -35,19 +34,8 @@ import _harness
 
 GiB = 2**30
 ROWS = ("keras", "saved_model", "tflite float32", "tflite int8", "tflite int8 stand_in", "logits loop")
-DEFAULT_ROWS = ("keras", "saved_model", "tflite float32", "tflite int8", "logits loop")
+DEFAULT_ROWS = tuple(row for row in ROWS if row != "tflite int8 stand_in")  # auto already takes it where needed
 TINY = dict(num_layers=2, hidden_dim=64, num_heads=4, num_kv_heads=2, intermediate_dim=128, vocab_size=512)
-
-
-def timed(fn, runs):
-    fn()  # warm-up (tracing, allocation)
-    return statistics.median(_once(fn) for _ in range(runs))
-
-
-def _once(fn):
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def size(path):
@@ -125,8 +113,8 @@ def measure(name, row, folder, prompt_length, new, tiny, runs, threads):
     out["export_seconds"] = time.perf_counter() - start
     tree.__exit__(None, None, None)
     out["export_peak_rss_gib"] = tree.peak / GiB
-    out["ttft_s"] = timed(lambda: run(1), runs)
-    full = timed(lambda: run(new), max(1, runs // 2))
+    out["ttft_s"] = _harness.median_seconds(lambda: run(1), runs)
+    full = _harness.median_seconds(lambda: run(new), max(1, runs // 2))
     out["tokens_per_s"] = (new - 1) / (full - out["ttft_s"]) if full > out["ttft_s"] and new > 1 else None
     out["tokens"] = np.asarray(run(new)).reshape(-1)[prompt_length:prompt_length + new].tolist()
     out["peak_rss_gib"] = _harness.peak_rss_gib()

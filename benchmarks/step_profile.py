@@ -14,20 +14,8 @@ what recomputation costs, against one forward pass. Prints a table and one JSON 
 
 import argparse
 import json
-import statistics
-import time
 
 import _harness
-
-
-def timed(fn, steps):
-    fn()  # tracing
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def measure(model, batch, seq, precision, variant, steps):
@@ -60,6 +48,7 @@ def measure(model, batch, seq, precision, variant, steps):
     def update():
         m.optimizer.apply_gradients(zip(grads, weights))
 
+    timed = _harness.median_seconds
     out = {"model": model, "batch": batch, "seq": seq, "precision": precision, "variant": variant,
            "forward_s": timed(forward, steps), "forward_backward_s": timed(forward_backward, steps),
            "optimizer_s": timed(update, steps)}

@@ -21,6 +21,11 @@ INT8_MIN_ELEMENTS = 1024  # the converter leaves smaller tensors in float32
 CHANNEL_BYTES = 28
 
 
+def quantized(shape) -> bool:
+    """Whether the converter stores a variable of `shape` as int8: matrices of at least INT8_MIN_ELEMENTS."""
+    return len(shape) >= 2 and int(np.prod(shape)) >= INT8_MIN_ELEMENTS
+
+
 def weight_bytes(model, quantize=None) -> int:
     """The bytes `model`'s weights take in a .tflite file with `quantize` (None, "float16", "int8"):
     float32 4, float16 2; int8 1 plus CHANNEL_BYTES per output channel for matrices of at least
@@ -32,7 +37,7 @@ def weight_bytes(model, quantize=None) -> int:
         size = int(np.prod(shape)) if shape else 1
         if quantize == "float16":
             total += 2 * size
-        elif quantize == "int8" and len(shape) >= 2 and size >= INT8_MIN_ELEMENTS:
+        elif quantize == "int8" and quantized(shape):
             total += size + CHANNEL_BYTES * shape[-1]
         else:
             total += 4 * size
@@ -69,7 +74,7 @@ def check_flatbuffer(model, quantize=None, limit=None):
 # graph, 7.7 for a prefill/decode file (two signatures); the larger is used.
 CONVERTER_COPIES = {None: 6.8, "float16": 6.8, "int8": 7.7}
 # stand_in (zoo.export.stand_in): above the process, a fixed part and bytes per parameter of the weights
-# it replaces (benchmarks/tflite_memory.py: dec-base at 10 layers 1.23 GiB, dec-1b 5.26 GiB): the
+# it quantizes (benchmarks/tflite_memory.py, 2026-12-02: dec-base at 10 layers 1.21 GiB, dec-1b 5.20): the
 # converter's int8 tensors of the stand-ins for every signature before equal buffers are merged, the
 # file's object and its bytes.
 STAND_IN_FIXED = 2**30
@@ -79,8 +84,7 @@ STAND_IN_BYTES_PER_PARAMETER = 4.5
 def conversion_bytes(model, quantize=None, int8_mode="dynamic_range") -> int:
     """The memory a conversion needs beyond what this process holds now."""
     if quantize == "int8" and int8_mode == "stand_in":
-        replaced = sum(int(np.prod(v.shape)) for v in model.weights
-                       if len(v.shape) >= 2 and int(np.prod(v.shape)) >= INT8_MIN_ELEMENTS)
+        replaced = sum(int(np.prod(v.shape)) for v in model.weights if quantized(tuple(v.shape)))
         return int(STAND_IN_FIXED + STAND_IN_BYTES_PER_PARAMETER * replaced)
     return int(CONVERTER_COPIES[quantize] * weight_bytes(model))
 
