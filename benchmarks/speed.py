@@ -3,13 +3,15 @@
     python benchmarks/speed.py                                   # enc-base and dec-base, float32 and bfloat16
     python benchmarks/speed.py --models dec-base --precisions float32 --variants keras-hub,none,full
     python benchmarks/speed.py --variants none:plain,none:chunked   # a policy with a chosen attention core
+    python benchmarks/speed.py --models enc-base --variants none,full,full/redraw   # masks held, or drawn again
 
 Every row trains one synthetic batch (default 4 x 512) with `compile` + `train_on_batch`, AdamW with a
 global-norm clip of 1.0 (recipes.optim.AdamW, the same object for every row): encoders masked-LM
 (15% of positions), decoders causal-LM. The reference row, `keras-hub`, is keras-hub's
 BertMaskedLM / LlamaCausalLM on a backbone of the same shape (random weights; TensorFlow, like the
 zoo). Zoo rows are `POLICY[:CORE]`: `none`, `selective`, `full`, `full+fused` (the fused update with
-the exact global clip); the core is the model's default unless given. Rows are interleaved
+the exact global clip); the core is the model's default unless given; a `/redraw` suffix holds no
+dropout mask as bits, so each replay draws its masks again (the behaviour before they were held). Rows are interleaved
 (`--repeats` runs the whole sequence again and keeps each row's median), the first step (tracing) is
 not timed, and the step time is the median of the rest.
 Prints a table with tokens/s and the ratios to keras-hub and to `none`, then one JSON line.
@@ -57,7 +59,13 @@ def measure(model, batch, seq, precision, variant, steps):
         m.compile(optimizer=make_optimizer("adamw"), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         m.optimizer.build(m.trainable_variables)
     else:
-        config, _, core = variant.partition(":")
+        variant_config, _, redraw = variant.partition("/")
+        if redraw:  # nothing held: every replay draws its masks from the seed again
+            from zoo.layers.block import TransformerBlock
+
+            draw_masks = TransformerBlock.draw_masks
+            TransformerBlock.draw_masks = lambda self, x, ahead=False: draw_masks(self, x)
+        config, _, core = variant_config.partition(":")
         policy, _, fused = config.partition("+")
         m = compiled_model(model, policy, precision, seq, core or None, optimizer="adamw", fused=bool(fused))
     x, y = synthetic_batch(model, batch, seq)
@@ -78,7 +86,8 @@ def main():
     p.add_argument("--models", default="enc-base,dec-base")
     p.add_argument("--shape", default="4x512", help="BATCHxSEQ")
     p.add_argument("--precisions", default="float32,mixed_bfloat16")
-    p.add_argument("--variants", default=",".join(VARIANTS), help="keras-hub and POLICY[+fused][:CORE], in order")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help="keras-hub and POLICY[+fused][:CORE][/redraw], in order")
     p.add_argument("--steps", type=int, default=3, help="steps per row; the first (tracing) is not timed")
     p.add_argument("--repeats", type=int, default=1, help="run every row this many times, interleaved")
     a = p.parse_args()

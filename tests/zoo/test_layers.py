@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 from zoo.ops.activations import gelu
-from zoo.ops.attention_core import chunked_attention, plain_attention
-from zoo.ops.dropout import stateless_dropout
+from zoo.ops.attention_core import attention_keep, chunked_attention, plain_attention
+from zoo.ops.dropout import Masks, dropout_keep, pack_bits, stateless_dropout, unpack_bits
 
 
 def test_gelu_matches_tensorflow_exact_gelu_and_its_gradient():
@@ -71,6 +71,39 @@ def test_stateless_dropout_is_repeatable_and_unbiased():
     assert not np.array_equal(a, stateless_dropout(x, 0.1, seed, site=1))  # sites differ
     kept = float(tf.reduce_mean(tf.cast(a > 0, "float32")))
     assert abs(kept - 0.9) < 0.01 and abs(float(tf.reduce_mean(a)) - 1.0) < 0.02
+
+
+def test_bits_hold_every_pattern_and_odd_sizes():
+    patterns = np.array([[(n >> k) & 1 for k in range(8)] for n in range(256)], bool)  # every byte
+    bits = pack_bits(tf.constant(patterns))
+    assert bits.dtype == tf.uint8 and bits.shape == (256,)
+    np.testing.assert_array_equal(bits, np.arange(256))  # element k is bit k
+    np.testing.assert_array_equal(unpack_bits(bits, [256, 8]), patterns)
+    rng = np.random.default_rng(0)
+    for shape in [(1,), (7,), (3, 5, 13), (2, 3, 16, 16)]:  # padded to a multiple of 8, and not
+        keep = rng.random(shape) < 0.5
+        bits = pack_bits(tf.constant(keep))
+        assert bits.shape == (-(-keep.size // 8),)
+        np.testing.assert_array_equal(unpack_bits(bits, tf.shape(keep)), keep)
+
+
+def test_masks_held_as_bits_equal_the_redrawn_ones():
+    """What "full"'s replay reads back is what drawing again from the seed gives: the residual
+    branches' masks and the attention's (the tile layout the cores draw, 6-position tiles here)."""
+    seed, rate = tf.constant([5, 6], "int64"), 0.1
+    masks = Masks(seed)
+    masks.hold(1, dropout_keep([2, 16, 64], rate, seed, site=1))
+    masks.hold(0, attention_keep(seed, 2, 4, 16, 16, rate, chunk_size=6))
+    x = tf.ones((2, 16, 64))
+    np.testing.assert_array_equal(stateless_dropout(x, rate, None, site=1, keep=masks.held(1, when=x)),
+                                  stateless_dropout(x, rate, seed, site=1))
+    assert masks.held(2, when=x) is None  # not held: drawn from masks.seed
+    q = tf.constant(np.random.default_rng(1).normal(size=(2, 16, 4, 8)), tf.float32)
+    options = dict(causal=True, rate=rate, chunk_size=6)
+    held = plain_attention(q, q, q, keep=masks.held(0, when=q), **options)
+    np.testing.assert_array_equal(held, plain_attention(q, q, q, seed=seed, **options))
+    np.testing.assert_allclose(held, chunked_attention(q, q, q, seed=seed, **options), atol=2e-6)
+    assert not np.array_equal(held, plain_attention(q, q, q, seed=seed + 1, **options))  # the mask matters
 
 
 def test_bad_attention_choices_name_the_problem():

@@ -89,11 +89,12 @@ class Attention(keras.layers.Layer):
         return ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1], n, self.head_dim))
 
     def call(self, x, padding_mask=None, seed=None, training=False, recompute_core=False, cache=None,
-             cache_index=0, keep_scores=False):
+             cache_index=0, keep_scores=False, keep=None):
         """`padding_mask` [B, T] marks the keys that may be attended (1 = a real token).
         `cache` [B, 2, T, KV, D] holds earlier keys/values for incremental decoding;
-        `cache_index` is where `x`'s positions start; `keep_scores`: see `resolve_core`.
-        Returns (output, cache)."""
+        `cache_index` is where `x`'s positions start; `keep_scores`: see `resolve_core`;
+        `keep`: the dropout mask of the probabilities drawn ahead (plain core only; `seed` draws it
+        otherwise). Returns (output, cache)."""
         query = self._heads(self.query_dense(x), self.num_heads)
         key = self._heads(self.key_dense(x), self.num_kv_heads)
         value = self._heads(self.value_dense(x), self.num_kv_heads)
@@ -107,12 +108,16 @@ class Attention(keras.layers.Layer):
             key = ops.slice_update(cache[:, 0], start, ops.cast(key, cache.dtype))
             value = ops.slice_update(cache[:, 1], start, ops.cast(value, cache.dtype))
             cache = ops.stack([key, value], axis=1)
-        core_name = resolve_core(self.core, keep_scores, key.shape[1], self.chunk_size)
+        core_name = self.core_for(keep_scores, key.shape[1])
         options = dict(
             core=core_name, key_mask=padding_mask, causal=self.causal, query_offset=cache_index,
             rate=self.dropout if training else 0.0, seed=seed, chunk_size=self.chunk_size, window=self.window,
             scale=self.scale,
         )
+        if keep is not None:
+            if core_name != "plain":
+                raise ValueError(f"A dropout mask drawn ahead needs the plain core; this call runs {core_name!r}.")
+            options["keep"] = keep
 
         def core(q, k, v):
             return attention(q, k, v, **options)
@@ -122,6 +127,10 @@ class Attention(keras.layers.Layer):
         out = recompute(core, query, key, value) if recompute_core else core(query, key, value)
         out = ops.reshape(out, (ops.shape(out)[0], ops.shape(out)[1], self.num_heads * self.head_dim))
         return self.output_dense(out), cache
+
+    def core_for(self, keep_scores, key_length) -> str:
+        """The core a call runs (zoo.ops.attention_core.resolve_core)."""
+        return resolve_core(self.core, keep_scores, key_length, self.chunk_size)
 
     def set_core(self, core="auto", chunk_size=None):
         check_core(core)

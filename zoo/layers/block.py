@@ -11,11 +11,13 @@ happens when training: inference graphs never contain the wrapper.
 """
 
 import keras
+import tensorflow as tf
 
 from zoo.layers.attention import Attention
 from zoo.layers.feedforward import FeedForward
 from zoo.layers.norm import make_norm
-from zoo.ops.dropout import stateless_dropout
+from zoo.ops.attention_core import attention_keep
+from zoo.ops.dropout import Masks, dropout_keep, stateless_dropout
 from zoo.ops.recompute import policy_name, recompute
 
 
@@ -84,39 +86,56 @@ class TransformerBlock(keras.layers.Layer):
 
     def call(self, x, padding_mask=None, training=None):
         training = bool(training)
-        seed = self.draw_seed() if training else None
         if training and self.checkpointing == "full":
-            return recompute(lambda h: self.replay(h, padding_mask, seed), x)
+            masks = self.draw_masks(x, ahead=True)
+            return recompute(lambda h: self.replay(h, padding_mask, masks), x)
         recompute_core = training and self.checkpointing == "selective"
         keep_scores = training and self.checkpointing == "none"  # "none" keeps everything: the fastest core
-        return self._forward(x, mask=padding_mask, seed=seed, training=training, recompute_core=recompute_core,
-                             keep_scores=keep_scores)[0]
+        return self._forward(x, mask=padding_mask, masks=self.draw_masks(x) if training else None,
+                             training=training, recompute_core=recompute_core, keep_scores=keep_scores)[0]
 
-    def draw_seed(self):
-        """The training call's one draw, which seeds every dropout in the block (None without dropout)."""
-        return self.seed_generator.next() if self.dropout else None
+    def draw_masks(self, x, ahead=False):
+        """The training call's dropout: one draw of the seed every mask in the block comes from and,
+        `ahead` (for a block that runs again with them: "full"'s replay, the fused update), its masks
+        drawn now and held as bits (zoo.ops.dropout.Masks). The attention's mask is held only where
+        the replay runs the plain core (keys in one tile): the chunked core draws per tile, and a long
+        sequence's whole mask would be s²/8 bytes a layer."""
+        if not self.dropout:
+            return Masks(None)
+        masks = Masks(self.seed_generator.next())
+        if ahead:
+            with tf.control_dependencies([x]):  # drawn as the block runs, not every block's at the step's start
+                batch, length = tf.shape(x)[0], tf.shape(x)[1]
+                for site in (1, 2):  # the residual branches' dropout: the shape of x
+                    masks.hold(site, dropout_keep(tf.shape(x), self.dropout, masks.seed, site))
+                if self.attention.core_for(keep_scores=True, key_length=x.shape[1]) == "plain":
+                    masks.hold(0, attention_keep(masks.seed, batch, self.attention.num_heads, length, length,
+                                                 self.dropout, self.attention.chunk_size))
+        return masks
 
-    def replay(self, x, padding_mask, seed):
-        """The block in training with a given dropout seed: the same function every time it
-        is called, which is what recomputation and the fused update (zoo.training.fused) rely on.
-        Its backward follows it at once, one block at a time, so it keeps its own scores
+    def replay(self, x, padding_mask, masks):
+        """The block in training with given dropout draws (`draw_masks`): the same function every
+        time it is called, which is what recomputation and the fused update (zoo.training.fused)
+        rely on. Its backward follows it at once, one block at a time, so it keeps its own scores
         (`keep_scores`: the plain core on one tile)."""
-        return self._forward(x, mask=padding_mask, seed=seed, training=True, keep_scores=True)[0]
+        return self._forward(x, mask=padding_mask, masks=masks, training=True, keep_scores=True)[0]
 
     def decode(self, x, padding_mask, cache, cache_index):
         """Inference with a key/value cache: returns (output, updated cache)."""
         return self._forward(x, mask=padding_mask, cache=cache, cache_index=cache_index)
 
-    def _forward(self, x, mask, seed=None, training=False, recompute_core=False, cache=None, cache_index=0,
+    def _forward(self, x, mask, masks=None, training=False, recompute_core=False, cache=None, cache_index=0,
                  keep_scores=False):
         rate = self.dropout if training else 0.0
+        masks = masks or Masks(None)
 
         def attend(h):
-            return self.attention(h, padding_mask=mask, seed=seed, training=training, recompute_core=recompute_core,
-                                  cache=cache, cache_index=cache_index, keep_scores=keep_scores)
+            return self.attention(h, padding_mask=mask, seed=masks.seed, keep=masks.held(0, when=h), training=training,
+                                  recompute_core=recompute_core, cache=cache, cache_index=cache_index,
+                                  keep_scores=keep_scores)
 
         def drop(h, site):
-            return stateless_dropout(h, rate, seed, site=site)
+            return stateless_dropout(h, rate, masks.seed, site=site, keep=masks.held(site, when=h))
 
         if self.placement != "post":  # x = x + attn(norm(x)); x = x + ffn(norm(x)), sandwich: norm() around both
             h, new_cache = attend(x if self.attention_norm is None else self.attention_norm(x))

@@ -153,6 +153,14 @@ def loss_live_bytes(batch: int, sequence_length: int, vocab_size: int, chunk_siz
 SAVED_EXTRA = {("bert", True): 105, ("bert", False): 86, ("llama", True): 58, ("llama", False): 26}
 
 
+def _held_masks(s, b, seq, core) -> float:
+    """Under "full", each block's dropout masks held as bits to its backward (TransformerBlock.draw_masks):
+    the two residual branches' and, where the replay runs the plain core, the attention's."""
+    if not s.dropout:
+        return 0
+    return (2 * b * seq * s.hidden_dim + (b * s.num_heads * seq * seq if core == "plain" else 0)) / 8
+
+
 def _saved_extra(s, b, seq, precision, policy) -> int:
     """Per layer kept (none, selective), or one block's while it is recomputed (full)."""
     measured = s.family if (s.family, True) in SAVED_EXTRA else "llama" if s.is_decoder else "bert"
@@ -292,7 +300,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
     elif policy == "selective":
         activations = layers * per_layer_no_core + working
     else:
-        activations = layers * 2 * seq * b * h * scale + replay
+        activations = layers * (2 * seq * b * h * scale + _held_masks(s, b, seq, attention)) + replay
     logits = 0
     if loss_chunk is not None and task != "causal_lm":
         raise ValueError(f"loss_chunk applies to task 'causal_lm' only, not {task!r}.")

@@ -183,8 +183,9 @@ def _position_rule(query_positions, key_positions, causal, window):
 
 
 def plain_attention(query, key, value, key_mask=None, causal=False, query_offset=0, rate=0.0, seed=None,
-                    chunk_size=None, window=None, scale=None):
-    """The reference core: scores, softmax and dropout mask held whole."""
+                    chunk_size=None, window=None, scale=None, keep=None):
+    """The reference core: scores, softmax and dropout mask held whole. `keep`: that mask drawn ahead
+    (`attention_keep`, held by zoo.ops.dropout.Masks), instead of drawing it here."""
     check_window(window)
     query, key, value = (tf.convert_to_tensor(x) for x in (query, key, value))
     batch, num_heads, kv_heads = tf.shape(query)[0], query.shape[2], key.shape[2]
@@ -198,8 +199,9 @@ def plain_attention(query, key, value, key_mask=None, causal=False, query_offset
     if allowed is not None:
         scores = tf.where(allowed, scores, _MASKED)
     probs = tf.cast(tf.nn.softmax(scores, axis=-1), value.dtype)
-    if rate and seed is not None:
-        keep = _whole_keep(seed, batch, num_heads, query_length, key_length, rate, chunk_size)
+    if rate and (seed is not None or keep is not None):
+        if keep is None:
+            keep = attention_keep(seed, batch, num_heads, query_length, key_length, rate, chunk_size)
         probs = tf.where(keep, probs / tf.cast(1.0 - rate, probs.dtype), tf.zeros([], probs.dtype))
     out = tf.einsum("bhst,bthd->bshd", probs, value)
     if allowed is not None:  # a query with no key to attend to outputs zeros, as in the chunked core
@@ -213,8 +215,8 @@ def _scale(scale, head_dim) -> float:
     return float(scale) if scale is not None else 1.0 / float(head_dim) ** 0.5
 
 
-def _whole_keep(seed, batch, heads, query_length, key_length, rate, chunk_size):
-    """The chunked core's tile masks, assembled into one [B, H, S, T] mask."""
+def attention_keep(seed, batch, heads, query_length, key_length, rate, chunk_size=None):
+    """The attention dropout's keep-mask [B, H, S, T]: the chunked core's tile masks, assembled."""
     cq, ck, nq, nk = chunk_sizes(query_length, key_length, chunk_size)
     shape = tf.stack([batch, heads, cq, ck])
     tiles = tf.map_fn(lambda ij: _tile_keep(seed, ij // nk, ij % nk, shape, rate), tf.range(nq * nk),

@@ -79,26 +79,26 @@ class _Step:
         self.mask = x["padding_mask"]
         self.stem_tape = tf.GradientTape(persistent=True)
         forward = self._forward(x, y, sample_weight)
-        self.first, self.inputs, self.seeds, self.d_top, self.head_grads, self.y_pred = forward
+        self.first, self.inputs, self.masks, self.d_top, self.head_grads, self.y_pred = forward
 
     def _forward(self, x, y, sample_weight):
-        """The stem (taped), the blocks (untaped, each input and dropout seed kept) and the head (taped)."""
+        """The stem (taped), the blocks (untaped, each input and dropout draw kept) and the head (taped)."""
         model, backbone = self.model, self.model.backbone
         with self.stem_tape:
             first = backbone.embed(x, training=True)
-        h, inputs, seeds = first, [], []
+        h, inputs, masks = first, [], []
         for block in self.blocks:
             inputs.append(h)
-            seeds.append(block.draw_seed())
             with tf.control_dependencies([h]):  # its weight reads wait too (design notes: Order)
-                h = block.replay(h, self.mask, seeds[-1])
+                masks.append(block.draw_masks(h, ahead=True))
+                h = block.replay(h, self.mask, masks[-1])
         with tf.GradientTape() as head_tape:
             head_tape.watch(h)
             loss, y_pred = model.training_loss(backbone.final_outputs(h, training=True), x, y, sample_weight)
             step.track_loss(model, x, loss)
             scaled = self.optimizer.scale_loss(loss)
         d_top, *head_grads = head_tape.gradient(scaled, [h, *self.outer_vars])
-        return first, inputs, seeds, d_top, head_grads, y_pred
+        return first, inputs, masks, d_top, head_grads, y_pred
 
     def walk(self, on_block):
         """Backward from the last block to the first; `on_block(variables, grads)` consumes each
@@ -111,7 +111,7 @@ class _Step:
             x = after(self.inputs[i], d, *done)
             with tf.GradientTape() as tape, tf.control_dependencies([x]):
                 tape.watch(x)
-                out = self.blocks[i].replay(x, self.mask, self.seeds[i])
+                out = self.blocks[i].replay(x, self.mask, self.masks[i])
             d, *grads = tape.gradient(out, [x, *self.block_vars[i]], output_gradients=d)
             with tf.control_dependencies(_tensors(grads)):  # the update's reads and decay wait too
                 done = on_block(self.block_vars[i], self._unscaled(_summed(grads)))
