@@ -76,9 +76,10 @@ class Masks:
         self._held[site] = (pack_bits(keep), tf.shape(keep), keep.shape)
 
     def held(self, site, when):
-        """The mask held for `site`, as booleans, unpacked once `when` exists (the block's input: else
-        TF's executor unpacks every block's masks for the backward pass as soon as they are drawn,
-        in the forward pass, and holds them all); None where it is drawn from the seed."""
+        """The mask held for `site`, as booleans, unpacked once `when` exists (the tensor it masks:
+        with the held bits as its only input, TF's executor could unpack every block's masks for the
+        backward pass as soon as they are drawn, in the forward pass, and hold them all); None where
+        it is drawn from the seed."""
         if site not in self._held:
             return None
         bits, shape, static = self._held[site]
