@@ -11,9 +11,9 @@ global-norm clip of 1.0 (recipes.optim.AdamW, the same object for every row): en
 BertMaskedLM / LlamaCausalLM on a backbone of the same shape (random weights; TensorFlow, like the
 zoo). Zoo rows are `POLICY[:CORE]`: `none`, `selective`, `full`, `full+fused` (the fused update with
 the exact global clip); the core is the model's default unless given; a `/redraw` suffix holds no
-dropout mask as bits, so each replay draws its masks again (the behaviour before they were held). Rows are interleaved
-(`--repeats` runs the whole sequence again and keeps each row's median), the first step (tracing) is
-not timed, and the step time is the median of the rest.
+dropout mask as bits, so each replay draws its masks again (the behaviour before they were held).
+Rows are interleaved (`--repeats` runs the whole sequence again and keeps each row's median), the
+first step (tracing) is not timed, and the step time is the median of the rest.
 Prints a table with tokens/s and the ratios to keras-hub and to `none`, then one JSON line.
 """
 

@@ -105,11 +105,11 @@ class TransformerBlock(keras.layers.Layer):
         masks = Masks(self.seed_generator.next())
         if ahead:
             with tf.control_dependencies([x]):  # drawn as the block runs, not every block's at the step's start
-                batch, length = tf.shape(x)[0], tf.shape(x)[1]
+                shape = tf.shape(x)
                 for site in (1, 2):  # the residual branches' dropout: the shape of x
-                    masks.hold(site, dropout_keep(tf.shape(x), self.dropout, masks.seed, site))
+                    masks.hold(site, dropout_keep(shape, self.dropout, masks.seed, site))
                 if self.attention.core_for(keep_scores=True, key_length=x.shape[1]) == "plain":
-                    masks.hold(0, attention_keep(masks.seed, batch, self.attention.num_heads, length, length,
+                    masks.hold(0, attention_keep(masks.seed, shape[0], self.attention.num_heads, shape[1], shape[1],
                                                  self.dropout, self.attention.chunk_size))
         return masks
 
