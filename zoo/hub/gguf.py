@@ -112,11 +112,14 @@ def convert_gguf(gguf_path, folder, overwrite=False) -> Path:
     if _field(reader, "tokenizer.ggml.model") != "gpt2":
         raise ValueError(f"{gguf_path}: only byte-level BPE ('gpt2') GGUF tokenizers are converted.")
     types = _field(reader, "tokenizer.ggml.token_type")
-    special = [{"id": i, "content": t, "special": True} for i, (t, k) in enumerate(zip(tokens, types)) if k == 3]
+    byte_level = {"add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    # every field of tokenizers' AddedToken: the `tokenizers` library (transformers' fast tokenizers) refuses fewer
+    special = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+                "special": True} for i, (t, k) in enumerate(zip(tokens, types)) if k == 3]
     tokenizer = {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": special, "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-        "post_processor": None, "decoder": {"type": "ByteLevel"},
+        "pre_tokenizer": {"type": "ByteLevel", **byte_level}, "post_processor": None,
+        "decoder": {"type": "ByteLevel", **byte_level},
         "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(tokens)},
                   "merges": list(_field(reader, "tokenizer.ggml.merges"))},
     }
@@ -126,4 +129,21 @@ def convert_gguf(gguf_path, folder, overwrite=False) -> Path:
         save_file(tensors, tmp / WEIGHTS, metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+        (tmp / "tokenizer_config.json").write_text(
+            json.dumps(tokenizer_config(reader), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return folder
+
+
+def tokenizer_config(reader) -> dict:
+    """The special tokens and chat template a GGUF file (a `gguf.GGUFReader`) records, as
+    transformers keeps them in tokenizer_config.json, so that a chat checkpoint converts with its
+    template (zoo.chat)."""
+    tokens, config = _field(reader, "tokenizer.ggml.tokens") or [], {}
+    for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding")):
+        index = _field(reader, f"tokenizer.ggml.{key}_token_id")
+        if index is not None and index < len(tokens):
+            config[name] = tokens[index]
+    template = _field(reader, "tokenizer.chat_template")
+    if template:
+        config["chat_template"] = template
+    return config

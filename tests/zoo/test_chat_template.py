@@ -1,0 +1,117 @@
+"""Chat templates against transformers: text, token ids and assistant masks equal what its
+`apply_chat_template` computed (tests/fixtures/chat, made by tools/make_chat_fixtures.py).
+
+For each template the masks are checked twice: through the template as the checkpoint ships it
+(no generation tags: zoo finds the spans by rendering prefixes) and through its tagged twin
+(zoo reads the `{% generation %}` spans), both against transformers' masks from the tagged one.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import zoo
+from zoo.chat import ChatTemplate, ChatTemplateError, ChatTokenizer
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "chat"
+SMALL = ("qwen2.5", "llama3", "gemma")
+UNSUPPORTED = {"continue_final_message"}  # transformers' option zoo does not take
+
+
+def fixture(name):
+    return json.loads((FIXTURES / f"{name}.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer():
+    return ChatTokenizer.from_folder(FIXTURES)
+
+
+@pytest.fixture(scope="module")
+def smollm2(asset, tmp_path_factory):
+    """The real SmolLM2-135M-Instruct GGUF, converted by zoo: its tokenizer and chat template."""
+    folder = zoo.hub.convert_gguf(asset("smollm2"), tmp_path_factory.mktemp("smollm2") / "hf")
+    return ChatTokenizer.from_folder(folder), folder, asset("smollm2")
+
+
+def check_template(data, tokenizer, template_source, tagged):
+    template = ChatTemplate(template_source, data["special_tokens"])
+    checked = 0
+    for case in data["cases"]:
+        if UNSUPPORTED & set(case) or (not tagged and "tools" in case):
+            # A tool-call turn of Qwen's template starts "<|im_start|>assistant" + "\n<tool_call>": its tagged
+            # twin trains the "\n", which prefix rendering leaves in the generation prompt, where generation
+            # starts. Both are choices about text the untagged template does not mark; the tags are checked.
+            continue
+        messages, prompt = case["messages"], case["add_generation_prompt"]
+        text, found = template.render_with_spans(messages, prompt, tools=case.get("tools"))
+        assert text == case["text"], case["name"]
+        (encoded,) = tokenizer.encode([text], [found])
+        assert encoded.ids.tolist() == case["input_ids"], case["name"]
+        if "assistant_masks" in case:
+            if tagged:  # the generation tag's own spans; prefixes find the same tokens, not always the same spans
+                assert [list(s) for s in found] == case["assistant_spans"], case["name"]
+            np.testing.assert_array_equal(encoded.mask, case["assistant_masks"], err_msg=case["name"])
+            checked += 1
+    assert checked >= 4
+
+
+@pytest.mark.parametrize("name", SMALL)
+@pytest.mark.parametrize("tagged", [False, True], ids=["prefixes", "generation-tags"])
+def test_ids_and_masks_equal_transformers(name, tagged, small_tokenizer):
+    data = fixture(name)
+    check_template(data, small_tokenizer, data["template_with_generation" if tagged else "template"], tagged)
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["prefixes", "generation-tags"])
+def test_smollm2_from_its_gguf_equals_transformers(tagged, smollm2):
+    tokenizer, folder, gguf_path = smollm2
+    data = fixture("smollm2")
+    # the template zoo reads from the converted folder and from the GGUF is the one transformers read
+    assert ChatTemplate.find(folder).source == data["template"] == ChatTemplate.find(gguf_path).source
+    assert ChatTemplate.find(folder).special_tokens == data["special_tokens"]
+    check_template(data, tokenizer, data["template_with_generation" if tagged else "template"], tagged)
+
+
+def test_a_template_that_raises_is_a_clear_error():
+    data = fixture("gemma")
+    template = ChatTemplate(data["template"], data["special_tokens"])
+    assert data["errors"]
+    for case in data["errors"]:
+        with pytest.raises(ChatTemplateError, match="refused the conversation: " + case["message"].replace(".", r"\.")):
+            template.render(case["messages"], case["add_generation_prompt"])
+
+
+def test_a_folder_without_a_template_is_refused_with_the_fix(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(ChatTemplateError, match="--chat-template FILE"):
+        ChatTemplate.find(tmp_path)
+
+
+def test_bad_messages_are_refused_by_position():
+    template = ChatTemplate(fixture("qwen2.5")["template"])
+    with pytest.raises(ChatTemplateError, match="unknown role 'bot'"):
+        template.render([{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}])
+    with pytest.raises(ChatTemplateError, match="Message 0 is not"):
+        template.render([{"text": "hi"}])
+    with pytest.raises(ChatTemplateError, match="does not compile"):
+        ChatTemplate("{% for m in messages %}")
+
+
+def test_a_template_that_rewrites_earlier_turns_needs_generation_tags():
+    """Prefix rendering only works where each turn adds to the text before it (Qwen3's template
+    drops past reasoning, so it does not): such a template is refused with the fix."""
+    rewriting = "{% for m in messages %}{{ m.role if loop.last else m.role | upper }}: {{ m.content }}\n{% endfor %}"
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
+    with pytest.raises(ChatTemplateError, match="generation"):
+        ChatTemplate(rewriting).render_with_spans(messages)
+
+
+def test_saved_template_reads_back(tmp_path):
+    data = fixture("llama3")
+    ChatTemplate(data["template"], data["special_tokens"]).save(tmp_path)
+    again = ChatTemplate.find(tmp_path)
+    assert again.source == data["template"] and again.special_tokens == data["special_tokens"]
