@@ -8,8 +8,9 @@ projections as Hugging Face PEFT does, freezes what LoRA leaves frozen, merges, 
     model.compile(...); model.fit(...)
     zoo.hub.save_adapter(model, "adapter/")     # what PEFT's PeftModel.from_pretrained reads
 
-It sits above the models, beside zoo.hub, because targets are Hugging Face module names, which
-hub's weight maps give. What Keras does underneath, measured: docs/lora.md.
+It sits above the models, below zoo.hub (whose PEFT files it feeds): targets are Hugging Face module
+names, which zoo.models.hf_projections gives from the table hub's weight maps write too (zoo.shapes).
+What Keras does underneath, measured: docs/lora.md.
 """
 
 import contextlib
@@ -21,6 +22,7 @@ from keras import ops
 
 from zoo import checks
 from zoo.checks import QUANTIZATION_MODES
+from zoo.models import classifier_head, hf_projections
 from zoo.ops.scratch_graphs import release_scratch_graphs
 from zoo.shapes import LORA_DEFAULT_TARGETS, variables
 
@@ -34,10 +36,9 @@ def _family(model):
     return getattr(model, "backbone", model).spec.family
 
 
-def _weight_map(model):
-    from zoo.hub.families import family_of
-
-    return family_of(model).weight_map(model)
+def _head_variables(model) -> set:
+    head = classifier_head(model)
+    return set() if head is None else {id(v) for v in head.trainable_variables}
 
 
 def projections(model) -> dict:
@@ -49,13 +50,8 @@ def projections(model) -> dict:
     >>> list(projections(zoo.get("dec-base", num_layers=1)))[:2]
     ['model.layers.0.self_attn.q_proj', 'model.layers.0.self_attn.k_proj']
     """
-    from zoo.hub.families import family_of
-    from zoo.hub.weights import hf_name
-
     checks.lora_family(_family(model))
-    family = family_of(model)
-    return {hf_name(e, family, model.task)[: -len(".weight")]: e.module
-            for e in family.weight_map(model) if e.module is not None and e.group not in HEAD_GROUPS}
+    return hf_projections(model)
 
 
 def adapters(model) -> dict:
@@ -173,7 +169,7 @@ def add_adapters(model, plan: dict) -> list:
     missing = [name for name in plan if name not in modules]
     if missing:
         raise ValueError(f"No projection {missing[0]!r} in this model; {_known(list(modules))}")
-    head = {id(e.variable) for e in _weight_map(model) if e.group in HEAD_GROUPS}
+    head = _head_variables(model)
     frozen = [v for v in model.trainable_variables if id(v) not in head]
     for name, (rank, alpha) in plan.items():
         layer = modules[name]
@@ -309,10 +305,10 @@ def quantize_base(model, mode) -> list:
                          "kernels (merge_lora() first to quantize a merged model).")
     if any(getattr(layer, "quantization_mode", None) for layer in model._flatten_layers()):
         raise ValueError("This model is already quantized.")
-    head = {id(e.module) for e in _weight_map(model) if e.group in HEAD_GROUPS and e.module is not None}
+    head = classifier_head(model)
 
     def frozen_base(layer):
-        return isinstance(layer, (keras.layers.Dense, keras.layers.Embedding)) and id(layer) not in head
+        return isinstance(layer, (keras.layers.Dense, keras.layers.Embedding)) and layer is not head
 
     release_scratch_graphs()  # else the replaced float kernels stay alive (zoo.ops.scratch_graphs)
     with collect_once():

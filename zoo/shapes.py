@@ -14,16 +14,27 @@ import math
 DECODER_TASKS = ("backbone", "causal_lm")
 ENCODER_TASKS = ("backbone", "masked_lm", "classifier")
 
-# The last part of each projection's Hugging Face module name, by family and role. ModernBERT's
-# checkpoints fuse query, key and value into one `Wqkv` and gate and up into one `Wi`, so the
-# zoo's separate kernels share those names (zoo.checks.lora_family refuses LoRA there).
-_LLAMA_NAMES = dict(query="q_proj", key="k_proj", value="v_proj", output="o_proj", up="up_proj", gate="gate_proj",
-                    down="down_proj")
-PROJECTION_NAMES = {
-    "bert": dict(query="query", key="key", value="value", output="dense", up="dense", down="dense"),
-    "llama": _LLAMA_NAMES, "qwen2": _LLAMA_NAMES, "qwen3": _LLAMA_NAMES, "gemma3": _LLAMA_NAMES,
-    "modernbert": dict(query="Wqkv", key="Wqkv", value="Wqkv", output="Wo", up="Wi", gate="Wi", down="Wo"),
+# Each projection's Hugging Face module name inside a block, by family and role, in the checkpoints' order;
+# `HF_BLOCKS` is block i's module and `HF_BASE_PREFIX` the backbone's inside a task model. zoo.hub's weight maps
+# write these names and zoo.lora names LoRA targets by them (through zoo.models.hf_projections), neither importing
+# the other. ModernBERT's checkpoints fuse query, key and value into one `Wqkv` and gate and up into one `Wi`, so
+# the zoo's separate kernels share those names (zoo.checks.lora_family refuses LoRA there).
+_LLAMA_MODULES = dict(query="self_attn.q_proj", key="self_attn.k_proj", value="self_attn.v_proj",
+                      output="self_attn.o_proj", gate="mlp.gate_proj", up="mlp.up_proj", down="mlp.down_proj")
+HF_MODULES = {
+    "bert": dict(query="attention.self.query", key="attention.self.key", value="attention.self.value",
+                 output="attention.output.dense", up="intermediate.dense", down="output.dense"),
+    "llama": _LLAMA_MODULES, "qwen2": _LLAMA_MODULES, "qwen3": _LLAMA_MODULES, "gemma3": _LLAMA_MODULES,
+    "modernbert": dict(query="attn.Wqkv", key="attn.Wqkv", value="attn.Wqkv", output="attn.Wo", up="mlp.Wi",
+                       gate="mlp.Wi", down="mlp.Wo"),
 }
+HF_BLOCKS = {family: "encoder.layer.{}" if family == "bert" else "layers.{}" for family in HF_MODULES}
+HF_BASE_PREFIX = {family: "bert." if family == "bert" else "model." for family in HF_MODULES}
+# Projections outside the blocks that LoRA may adapt: BERT's pooler and its masked-LM head's transform.
+HF_HEADS = {"bert": {"pooler": "pooler.dense", "masked_lm": "cls.predictions.transform.dense"}}
+# The last part of each name: what `variables` tags a kernel with.
+PROJECTION_NAMES = {family: {role: name.rsplit(".", 1)[-1] for role, name in modules.items()}
+                    for family, modules in HF_MODULES.items()}
 
 # PEFT's default LoRA targets per family (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, peft 0.21.2,
 # under each family's model_type: gemma3_text for gemma3), by the last part of the names above. Its

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from zoo.hub.config import decoder_config, decoder_sizes
 from zoo.hub.weights import Entry, dense, norm
+from zoo.models import block_projections
 from zoo.registry import ModelSpec
+from zoo.shapes import HF_BLOCKS
 
 FAMILY = "llama"
 MODEL_TYPE = "llama"
@@ -149,18 +151,11 @@ def weight_map(model) -> list[Entry]:
     """
     backbone = getattr(model, "backbone", model)
     entries = [Entry("embed_tokens.weight", backbone.token_embedding.embeddings)]
+    family = backbone.spec.family
     for i, block in enumerate(backbone.blocks):
-        p, att, ffn = f"layers.{i}", block.attention, block.ffn
-        entries += [
-            *dense(f"{p}.self_attn.q_proj", att.query_dense),
-            *dense(f"{p}.self_attn.k_proj", att.key_dense),
-            *dense(f"{p}.self_attn.v_proj", att.value_dense),
-            *dense(f"{p}.self_attn.o_proj", att.output_dense),
-            *dense(f"{p}.mlp.gate_proj", ffn.gate),
-            *dense(f"{p}.mlp.up_proj", ffn.up),
-            *dense(f"{p}.mlp.down_proj", ffn.down),
-            *norm(f"{p}.input_layernorm", block.attention_norm),
-        ]
+        p, att = HF_BLOCKS[family].format(i), block.attention
+        entries += [entry for name, layer in block_projections(block, family) for entry in dense(f"{p}.{name}", layer)]
+        entries += norm(f"{p}.input_layernorm", block.attention_norm)
         if att.query_norm is not None:
             entries += [*norm(f"{p}.self_attn.q_norm", att.query_norm), *norm(f"{p}.self_attn.k_norm", att.key_norm)]
         if block.post_attention_norm is None:  # Llama's post_attention_layernorm is the norm before the MLP

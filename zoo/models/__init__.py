@@ -6,6 +6,7 @@ from zoo.models.decoder import DecoderBackbone, DecoderCausalLM
 from zoo.models.encoder import EncoderBackbone, EncoderClassifier, EncoderMaskedLM
 from zoo.ops.recompute import policy_name
 from zoo.registry import DECODERS, FAMILIES, PRECISIONS, ModelSpec
+from zoo.shapes import HF_BASE_PREFIX, HF_BLOCKS, HF_HEADS, HF_MODULES
 
 # family -> task -> class. The task names are the ones recipes, export and the Hub format use.
 _ENCODER_TASKS = {cls.task: cls for cls in (EncoderBackbone, EncoderMaskedLM, EncoderClassifier)}
@@ -44,7 +45,47 @@ def build(spec: ModelSpec, task=None, checkpointing=None, dtype=None, **task_arg
     return classes[task](spec, checkpointing=policy, dtype=dtype, **task_args)
 
 
+# Where each projection role's Dense sits in a transformer block (zoo.layers.block): (sublayer, attribute).
+_ROLE_LAYERS = {"query": ("attention", "query_dense"), "key": ("attention", "key_dense"),
+                "value": ("attention", "value_dense"), "output": ("attention", "output_dense"),
+                "gate": ("ffn", "gate"), "up": ("ffn", "up"), "down": ("ffn", "down")}
+
+
+def block_projections(block, family) -> list:
+    """A block's projections as (Hugging Face module name inside the block, Keras `Dense`), in the
+    family's checkpoint order (`zoo.shapes.HF_MODULES`); a role the block lacks is left out."""
+    found = []
+    for role, name in HF_MODULES[family].items():
+        part, attribute = _ROLE_LAYERS[role]
+        layer = getattr(getattr(block, part), attribute, None)
+        if layer is not None:
+            found.append((name, layer))
+    return found
+
+
+def hf_projections(model) -> dict:
+    """Hugging Face module name -> Keras `Dense` for every projection of a zoo model but a new
+    classifier, named as in the task model's checkpoint ("model.layers.0.self_attn.q_proj",
+    "bert.pooler.dense"): the names zoo.lora targets, which zoo.hub's weight maps write too."""
+    backbone = getattr(model, "backbone", model)
+    family = backbone.spec.family
+    prefix = "" if model.task == "backbone" else HF_BASE_PREFIX[family]
+    found = {f"{prefix}{HF_BLOCKS[family].format(i)}.{name}": layer
+             for i, block in enumerate(backbone.blocks) for name, layer in block_projections(block, family)}
+    heads = HF_HEADS.get(family, {})
+    if getattr(backbone, "pooler", None) is not None and "pooler" in heads:
+        found[prefix + heads["pooler"]] = backbone.pooler
+    if model.task == "masked_lm" and "masked_lm" in heads:
+        found[heads["masked_lm"]] = model.head._intermediate_dense
+    return found
+
+
+def classifier_head(model):
+    """A classifier's new head (a `Dense` trained in full beside LoRA, never quantized), else None."""
+    return model.classifier if model.task == "classifier" else None
+
+
 __all__ = [
     "TASKS", "DecoderBackbone", "DecoderCausalLM", "EncoderBackbone", "EncoderClassifier", "EncoderMaskedLM",
-    "build",
+    "block_projections", "build", "classifier_head", "hf_projections",
 ]
