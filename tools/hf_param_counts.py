@@ -1,4 +1,4 @@
-"""Exact parameter counts of the full-size checkpoints issue 23 registers, from transformers itself.
+"""Exact parameter counts of the full-size checkpoints issues 23 and 36 register, from transformers itself.
 
 Each model is built on the meta device (no memory, no download) from the values of its
 published config.json, and its parameters are counted once each (a tied LM head is the
@@ -16,6 +16,19 @@ MODERNBERT_BASE = dict(
     mlp_bias=False, decoder_bias=True, classifier_bias=False, classifier_activation="gelu", classifier_pooling="mean",
     global_attn_every_n_layers=3, local_attention=128, global_rope_theta=160000.0, local_rope_theta=10000.0,
     pad_token_id=50283, bos_token_id=50281, eos_token_id=50282, cls_token_id=50281, sep_token_id=50282)
+# The values the Llama 3.1/3.2, Qwen2.5 and Qwen3 checkpoints share, by family (each entry adds its sizes).
+LLAMA3 = dict(
+    vocab_size=128256, num_key_value_heads=8, hidden_act="silu", max_position_embeddings=131072, rms_norm_eps=1e-5,
+    rope_theta=500000.0, attention_bias=False, mlp_bias=False, bos_token_id=128000, eos_token_id=128001,
+    rope_scaling=dict(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0,
+                      original_max_position_embeddings=8192))
+QWEN25 = dict(
+    vocab_size=151936, hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+    use_sliding_window=False, sliding_window=32768, bos_token_id=151643, eos_token_id=151643)
+QWEN3 = dict(
+    vocab_size=151936, num_key_value_heads=8, head_dim=128, hidden_act="silu", max_position_embeddings=40960,
+    rms_norm_eps=1e-6, rope_theta=1000000.0, attention_bias=False, use_sliding_window=False, sliding_window=None,
+    max_window_layers=36, bos_token_id=151643, eos_token_id=151645)
 # name -> (transformers class, config class, config.json values). Keys and values as in the Hub files
 # (transformers 4 format: top-level rope_theta, sliding_window_pattern, global_rope_theta, ...), which
 # transformers 5 converts on load exactly as it does from_pretrained.
@@ -40,6 +53,31 @@ CHECKPOINTS = {
         query_pre_attn_scalar=256, sliding_window=512, sliding_window_pattern=6, attn_logit_softcapping=None,
         final_logit_softcapping=None, attention_bias=False, tie_word_embeddings=True, pad_token_id=0,
         bos_token_id=2, eos_token_id=1)),
+    # meta-llama/Llama-3.2-3B config.json (model card: 3.21B parameters)
+    "llama3.2-3b": ("LlamaForCausalLM", "LlamaConfig", dict(
+        LLAMA3, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24, head_dim=128,
+        rope_scaling=dict(LLAMA3["rope_scaling"], factor=32.0), tie_word_embeddings=True)),
+    # meta-llama/Llama-3.1-8B config.json (model card: 8.03B parameters)
+    "llama3.1-8b": ("LlamaForCausalLM", "LlamaConfig", dict(
+        LLAMA3, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, head_dim=128,
+        rope_scaling=dict(LLAMA3["rope_scaling"], factor=8.0), tie_word_embeddings=False)),
+    # Qwen/Qwen2.5-3B config.json (model card: 3.09B parameters)
+    "qwen2.5-3b": ("Qwen2ForCausalLM", "Qwen2Config", dict(
+        QWEN25, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+        num_key_value_heads=2, max_window_layers=36, tie_word_embeddings=True)),
+    # Qwen/Qwen2.5-7B config.json (model card: 7.61B parameters)
+    "qwen2.5-7b": ("Qwen2ForCausalLM", "Qwen2Config", dict(
+        QWEN25, vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=131072, sliding_window=131072,
+        max_window_layers=28, tie_word_embeddings=False)),
+    # Qwen/Qwen3-4B config.json (model card: 4.0B parameters)
+    "qwen3-4b": ("Qwen3ForCausalLM", "Qwen3Config", dict(
+        QWEN3, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+        tie_word_embeddings=True)),
+    # Qwen/Qwen3-8B config.json (model card: 8.2B parameters)
+    "qwen3-8b": ("Qwen3ForCausalLM", "Qwen3Config", dict(
+        QWEN3, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+        tie_word_embeddings=False)),
     # answerdotai/ModernBERT-base config.json (model card: 149M parameters)
     "modernbert-base": ("ModernBertForMaskedLM", "ModernBertConfig", MODERNBERT_BASE),
     # answerdotai/ModernBERT-large config.json (model card: 395M parameters): base's, but for these sizes
@@ -71,6 +109,7 @@ def main():
         model, config = build(cls_name, config_name, values)
         base = model.model
         embedding = base.get_input_embeddings().weight.numel()
+        kinds = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers  # Llama has none
         row = {
             "class": cls_name,
             "params": count(model),
@@ -78,7 +117,7 @@ def main():
             "embedding": embedding,
             "non_embedding": count(model) - embedding,
             "tied": bool(config.tie_word_embeddings),
-            "layer_types": {kind: config.layer_types.count(kind) for kind in sorted(set(config.layer_types))},
+            "layer_types": {kind: kinds.count(kind) for kind in sorted(set(kinds))},
             "rope": config.rope_parameters,
             "sliding_window": getattr(config, "sliding_window", None),
         }

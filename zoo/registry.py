@@ -324,6 +324,13 @@ def _llama(num_layers, hidden, heads, kv_heads, ffn, vocab, max_len, theta, tied
     )
 
 
+def _qwen(family, vocab, num_layers, hidden, heads, kv_heads, ffn, max_len, tied, description, **kw):
+    return ModelSpec(
+        family=family, vocab_size=vocab, num_layers=num_layers, hidden_dim=hidden, num_heads=heads,
+        num_kv_heads=kv_heads, intermediate_dim=ffn, max_sequence_length=max_len, layer_norm_epsilon=1e-6,
+        rope_theta=1000000.0, tie_embeddings=tied, description=description, **kw)
+
+
 # The ladder (docs/design-notes.md). Names are stable API.
 register("enc-mini", _bert(6, 384, 12, 1536, "all-MiniLM-L6-v2 shape"))
 register("enc-base", _bert(12, 768, 12, 3072, "BERT-base shape"))
@@ -334,19 +341,37 @@ register("dec-large", _llama(32, 960, 15, 5, 2560, 49152, 8192, 100000.0, True, 
 register("dec-1b", _llama(22, 2048, 32, 4, 5632, 32000, 2048, 10000.0, False, "TinyLlama-1.1B shape"))
 # Real checkpoints' shapes, named as the checkpoint, lower case, without organisation or variant suffix
 # (docs/families.md): <family><version>-<size>. Counts equal transformers' (tools/hf_param_counts.py).
-register("qwen2.5-0.5b", ModelSpec(
-    family="qwen2", vocab_size=151936, num_layers=24, hidden_dim=896, num_heads=14, num_kv_heads=2,
-    intermediate_dim=4864, max_sequence_length=32768, layer_norm_epsilon=1e-6, rope_theta=1000000.0,
-    description="Qwen/Qwen2.5-0.5B shape"))
-register("qwen3-0.6b", ModelSpec(
-    family="qwen3", vocab_size=151936, num_layers=28, hidden_dim=1024, num_heads=16, num_kv_heads=8, head_dim=128,
-    intermediate_dim=3072, max_sequence_length=40960, layer_norm_epsilon=1e-6, rope_theta=1000000.0,
-    description="Qwen/Qwen3-0.6B shape"))
+register("qwen2.5-0.5b", _qwen("qwen2", 151936, 24, 896, 14, 2, 4864, 32768, True, "Qwen/Qwen2.5-0.5B shape"))
+register("qwen3-0.6b", _qwen("qwen3", 151936, 28, 1024, 16, 8, 3072, 40960, True, "Qwen/Qwen3-0.6B shape",
+                             head_dim=128))
 register("gemma3-1b", ModelSpec(
     family="gemma3", vocab_size=262144, num_layers=26, hidden_dim=1152, num_heads=4, num_kv_heads=1, head_dim=256,
     intermediate_dim=6912, max_sequence_length=32768, layer_norm_epsilon=1e-6, rope_theta=1000000.0,
     local_rope_theta=10000.0, layer_kinds=("local",) * 5 + ("global",), sliding_window=512,
     query_pre_attn_scalar=256, description="google/gemma-3-1b-pt shape"))
+
+
+# The shapes people fine-tune at 3B-8B (issue 36). The Llama 3.1/3.2 ones scale RoPE as transformers' "llama3".
+_LLAMA3_ROPE = dict(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0,
+                    original_max_position_embeddings=8192)
+
+
+def _llama3(num_layers, hidden, heads, ffn, factor, tied, description):
+    return ModelSpec(
+        family="llama", vocab_size=128256, num_layers=num_layers, hidden_dim=hidden, num_heads=heads, num_kv_heads=8,
+        intermediate_dim=ffn, max_sequence_length=131072, layer_norm_epsilon=1e-5, rope_theta=500000.0,
+        rope_scaling=dict(_LLAMA3_ROPE, factor=factor), tie_embeddings=tied, description=description)
+
+
+register("llama3.2-3b", _llama3(28, 3072, 24, 8192, 32.0, True, "meta-llama/Llama-3.2-3B shape"))
+register("llama3.1-8b", _llama3(32, 4096, 32, 14336, 8.0, False, "meta-llama/Llama-3.1-8B shape"))
+register("qwen2.5-3b", _qwen("qwen2", 151936, 36, 2048, 16, 2, 11008, 32768, True, "Qwen/Qwen2.5-3B shape"))
+register("qwen2.5-7b", _qwen("qwen2", 152064, 28, 3584, 28, 4, 18944, 131072, False, "Qwen/Qwen2.5-7B shape"))
+register("qwen3-4b", _qwen("qwen3", 151936, 36, 2560, 32, 8, 9728, 40960, True, "Qwen/Qwen3-4B shape", head_dim=128))
+register("qwen3-8b", _qwen("qwen3", 151936, 36, 4096, 32, 8, 12288, 40960, False, "Qwen/Qwen3-8B shape",
+                           head_dim=128))
+# gemma3-4b is not registered: its text tower scales the global layers' RoPE linearly (rope_scaling
+# {"rope_type": "linear", "factor": 8.0}), which ModelSpec does not compute (only Llama 3's scaling).
 
 
 def _modernbert(num_layers, hidden, heads, ffn, description):
