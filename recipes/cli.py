@@ -28,7 +28,8 @@ def register(subparsers):
     p = subparsers.add_parser("train", help="train a model with its recipe (resumes in the same --out-dir)")
     p.add_argument("model", nargs="?", default=None,
                    help="a registered model (zoo list); optional with --weights, which say what the model is")
-    p.add_argument("--data", required=True, help=".txt (one document a line), .csv/.tsv, .jsonl, or tfds:NAME[:SPLIT]")
+    p.add_argument("--data", required=True, help=".txt (one document a line), .csv/.tsv, .jsonl, or tfds:NAME[:SPLIT]; "
+                   "--recipe sft: JSONL rows of messages, prompt/completion or text")
     p.add_argument("--weights", help="start from these pretrained weights: a Hugging Face folder or Hub repo id "
                    "(their tokenizer is used)")
     p.add_argument("--out-dir", help="where checkpoints, logs and model.keras go (default: runs/MODEL)")
@@ -37,7 +38,7 @@ def register(subparsers):
     p.add_argument("--merge", action="store_true", help="with --lora-rank and --hf-out: write the adapters merged "
                    "into the float base, as full Hugging Face weights")
     p.add_argument("--recipe", help="recipe name (default: the model's own; with --weights, 'classify' for "
-                   "encoders and 'finetune-lm' for decoders)")
+                   "encoders and 'finetune-lm' for decoders; 'sft': chat / instruction fine-tuning of a decoder)")
     p.add_argument("--steps", type=int, help="optimizer updates (default: the recipe's)")
     p.add_argument("--text-column", help="CSV column / JSONL field / TFDS feature holding the text (default: text)")
     p.add_argument("--label-column", help="the label column, for --recipe classify")
@@ -71,6 +72,13 @@ def register(subparsers):
                    "all-linear (default: PEFT's for the family)")
     p.add_argument("--quantize", choices=QUANTIZATION_MODES,
                    help="with --lora-rank: quantize the frozen base (Keras' Model.quantize, weight-only)")
+    p.add_argument("--packing", action="store_true", default=None,
+                   help="--recipe sft: pack whole examples into each row (best-fit decreasing); attention stays "
+                   "within each example and positions restart (docs/chat.md)")
+    p.add_argument("--loss-on", choices=("assistant", "all"),
+                   help="--recipe sft: the loss on assistant turns / completions only (default) or on every token")
+    p.add_argument("--chat-template", metavar="FILE",
+                   help="--recipe sft: a .jinja chat template instead of the checkpoint's own")
     p.add_argument("--memory-budget", help="with --checkpointing auto: e.g. 24GiB (default: this device's memory)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="model spec override, repeatable (e.g. --override num_layers=2)")
@@ -95,7 +103,7 @@ def _train(args):
     fields = ("batch_size", "sequence_length", "accumulation_steps", "learning_rate", "warmup_steps", "log_every",
               "checkpoint_every", "vocabulary", "precision", "checkpointing", "optimizer", "fused", "fused_clip",
               "loss_chunk", "memory_budget", "weights_dtype", "rounding", "lora_rank", "lora_alpha", "lora_targets",
-              "quantize")
+              "quantize", "packing", "loss_on", "chat_template")
     changes = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
     if args.override:
         changes["model_overrides"] = dict(_override(o) for o in args.override)

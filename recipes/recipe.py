@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import zoo
 from recipes import pretrained
+from recipes.sft_data import LOSS_ON
 from zoo import checks, lora
 from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS, check_weights
 from zoo.models.base import has_segments
@@ -63,6 +64,11 @@ class Recipe:
     sequence_length: int = 128
     accumulation_steps: int = 1
     # data
+    # supervised fine-tuning (recipes.sft): JSONL rows of messages, prompt/completion or text (recipes.sft_data)
+    supervised: bool = False  # causal LM on examples, the loss weighted per token, instead of on a corpus
+    loss_on: str = "assistant"  # "assistant": assistant turns / completions only; "all": every token
+    packing: bool = False  # whole examples packed into each row, attention within each (best-fit decreasing)
+    chat_template: str | None = None  # a .jinja file replacing the checkpoint's own template
     mask_rate: float = 0.15  # masked_lm only
     max_predictions: int = 20  # masked_lm only: masked positions per sequence
     vocabulary: str | None = None  # tokenizer files; None: the weights' tokenizer, or one trained on the corpus
@@ -128,6 +134,13 @@ class Recipe:
               f"is a {self.spec.family} {kind}.")
         if self.lora_rank is not None:
             lora.check_targets(self.spec, self.task, self.targets)
+        check(self.loss_on in LOSS_ON, f"Unknown loss_on {self.loss_on!r}; known: {', '.join(LOSS_ON)}.")
+        if self.supervised:
+            check(self.task == "causal_lm", "Supervised fine-tuning trains a decoder (task causal_lm).")
+        else:
+            check(not self.packing and self.chat_template is None and self.loss_on == "assistant",
+                  "packing, chat_template and loss_on belong to supervised fine-tuning: use recipe 'sft' "
+                  "(--recipe sft); a causal LM over a corpus already fills every row.")
 
     # -------------------------------------------------------------------------
     @property
@@ -286,6 +299,13 @@ register("finetune-lm", Recipe(
     sequence_length=512, lowercase=False, log_every=50, checkpoint_every=200,
     notes="Causal-LM fine-tuning from weights (Hugging Face run_clm.py / Trainer defaults: lr 5e-5, "
           "no warmup, linear decay, no weight decay, clipping 1.0); any decoder: recipes.get(weights=...).",
+))
+register("sft", Recipe(
+    task="causal_lm", model="dec-base", supervised=True, learning_rate=2e-5, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+    weight_decay=0.0, clipnorm=1.0, warmup_steps=0, steps=1000, decay="linear", batch_size=8,
+    sequence_length=1024, lowercase=False, log_every=50, checkpoint_every=200,
+    notes="Supervised fine-tuning on conversations (TRL SFTConfig defaults: lr 2e-5, linear decay, no warmup, no "
+          "weight decay, clipping 1.0, max_length 1024); with LoRA, PEFT's examples use lr 1e-4 to 2e-4.",
 ))
 register("classify", Recipe(
     task="classifier", model="enc-base", learning_rate=2e-5, beta_1=0.9, beta_2=0.999, epsilon=1e-6,

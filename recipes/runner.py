@@ -47,16 +47,17 @@ class Result:
     peak_bytes: int = 0  # TF allocator peak on the training device
     max_rss_bytes: int = 0
     model: keras.Model | None = None
+    data: dict | None = None  # supervised fine-tuning: rows an epoch, padding fraction (recipes.sft)
 
 
 class _Intervals(keras.callbacks.Callback):
     """Per-interval bookkeeping: history, TensorBoard scalars, checkpoints, throughput."""
 
-    def __init__(self, recipe, out_dir, interval, result, base=None):
+    def __init__(self, recipe, out_dir, interval, result, base=None, tokens_per_batch=None):
         super().__init__()
         self.recipe, self.out_dir, self.interval, self.result, self.base = recipe, out_dir, interval, result, base
         self.writer = tf.summary.create_file_writer(os.path.join(out_dir, "logs"))
-        self.tokens_per_batch = recipe.batch_size * recipe.sequence_length
+        self.tokens_per_batch = tokens_per_batch or recipe.batch_size * recipe.sequence_length
         self.timed_batches, self.started, self.excluded, self.paused = 0, None, 0.0, None
 
     # Validation and checkpoint writing are not training: their time is excluded.
@@ -101,7 +102,7 @@ def _device():
     return "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
 
 
-def _check_lengths(recipe):
+def check_lengths(recipe):
     spec = recipe.spec
     if recipe.sequence_length > spec.max_sequence_length:
         raise ValueError(
@@ -113,7 +114,7 @@ def _check_lengths(recipe):
                          "maskable positions of a row; lower max_predictions.")
 
 
-def _saved_tokenizer(recipe, out_dir):
+def saved_tokenizer(recipe, out_dir):
     """The tokenizer a run already wrote into out_dir (None if there is none yet)."""
     saved = os.path.join(out_dir, TOKENIZER_DIR)
     if recipe.weights:  # the checkpoint's own tokenizer, in whichever files it came (None if none yet)
@@ -128,7 +129,7 @@ def _tokenizer(recipe, out_dir, train_docs, scratch):
     (written to `scratch`)."""
     family = vocab_lib.family_of(recipe.spec)
     saved = os.path.join(out_dir, TOKENIZER_DIR)
-    if (tokenizer := _saved_tokenizer(recipe, out_dir)) is not None:
+    if (tokenizer := saved_tokenizer(recipe, out_dir)) is not None:
         return tokenizer, saved
     if recipe.weights:
         tokenizer = pretrained.tokenizer(recipe.weights)
@@ -172,6 +173,8 @@ def build(recipe, num_classes=None):
         model.set_loss_chunk(recipe.loss_chunk)
     if recipe.fused:
         model.set_fused_update(True, recipe.fused_clip)
+    if recipe.packing:
+        model.set_packed(True)  # the padding mask numbers the examples of a row (recipes.sft_data)
     model.compile(
         optimizer=optim.optimizer(recipe, model),
         loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
@@ -202,11 +205,14 @@ def choose_auto(recipe) -> Recipe:
     return recipe.replace(checkpointing=policy, fused=bool(fused))
 
 
-def _prepare(recipe, out_dir, train_docs, meta):
-    """The chief's part before training: the tokenizer (checked, written) and run.json."""
+def prepare(recipe, out_dir, train_docs, meta, beside_tokenizer=None):
+    """The chief's part before training: the tokenizer (checked, written) and run.json.
+    `beside_tokenizer(folder)` writes more files into the tokenizer's folder (a chat template)."""
     scratch = tempfile.mkdtemp(prefix="recipes-vocab-")
     try:
         tokenizer, source = _tokenizer(recipe, out_dir, train_docs, scratch)
+        if beside_tokenizer is not None and source == scratch:
+            beside_tokenizer(scratch)
         if tokenizer.vocabulary_size() > recipe.spec.vocab_size:
             raise ValueError(f"The tokenizer has {tokenizer.vocabulary_size()} tokens but {recipe.name!r} embeds "
                              f"only {recipe.spec.vocab_size}; use a smaller vocabulary or override vocab_size.")
@@ -227,8 +233,8 @@ def _prepare(recipe, out_dir, train_docs, meta):
     return tokenizer
 
 
-def _chiefs_tokenizer(recipe, out_dir):
-    tokenizer = _saved_tokenizer(recipe, out_dir)
+def chiefs_tokenizer(recipe, out_dir):
+    tokenizer = saved_tokenizer(recipe, out_dir)
     if tokenizer is None:
         raise ValueError(f"This worker does not see the tokenizer the chief wrote into {out_dir!r}: a multi-worker "
                          "run's --out-dir must be storage every host shares (NFS, a mounted bucket), at the same path.")
@@ -269,17 +275,16 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
     >>> recipe = recipes.get("classify", weights="path/to/all-MiniLM-L6-v2", steps=300)
     >>> recipes.run(recipe, "reviews.csv", "runs/reviews", label_column="label").history[-1]
     """
-    recipe = get(recipe) if not isinstance(recipe, Recipe) else recipe
-    if steps is not None and steps != recipe.steps:
-        recipe = recipe.with_steps(steps)
-    # First: a multi-worker strategy must exist before TensorFlow runs anything.
-    cluster = strategy
-    if not isinstance(strategy, distribute.Cluster):
-        cluster = distribute.make(strategy, devices, collective_timeout)
-    cluster.check_batch(recipe.batch_size)
+    recipe, cluster = begin(recipe, steps, strategy, devices, collective_timeout)
+    if recipe.supervised:
+        from recipes import sft
+
+        return sft.run(recipe, data, out_dir, validation_every=validation_every,
+                       validation_batches=validation_batches, callbacks=callbacks, verbose=verbose, hf_out=hf_out,
+                       strategy=cluster, merge=merge)
     if recipe.task == "classifier" and label_column is None:
         raise ValueError("The classify recipe needs labels: pass label_column (--label-column).")
-    _check_lengths(recipe)
+    check_lengths(recipe)
     docs = data_lib.documents(data, column, label_column if recipe.task == "classifier" else None, data_dir)
     train_docs, valid_docs = data_lib.split(docs, validation_every)
     labels = data_lib.labels_of(train_docs) if recipe.task == "classifier" else None
@@ -288,6 +293,46 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
                          "classification needs at least 2.")
     if labels is not None and recipe.weights:
         pretrained.check_labels(recipe.weights, labels)
+    meta, base = run_meta(recipe, out_dir, labels, merge, hf_out)
+
+    # Seed before any tokenizer exists: TensorFlow's seed call clears the eager kernel cache, and with it
+    # the TF-text resource of a SentencePiece tokenizer made earlier (tf.data then fails: "Resource
+    # localhost/_0_SentencepieceOp ... does not exist").
+    keras.utils.set_random_seed(recipe.seed)
+    tokenizer = prepare(recipe, out_dir, train_docs, meta) if cluster.chief else None
+    cluster.barrier()  # workers start once the chief's tokenizer, run.json and checkpoints are in place
+    tokenizer = tokenizer or chiefs_tokenizer(recipe, out_dir)
+
+    model, start = restore(recipe, cluster, out_dir, base, len(labels) if labels else None)
+    k = recipe.accumulation_steps
+    train = cluster.distribute(data_lib.pipeline(recipe, tokenizer, train_docs, labels, training=True, skip=start * k))
+    valid = None
+    if valid_docs is not None:
+        valid = data_lib.pipeline(recipe, tokenizer, valid_docs, labels, training=False)
+        if cluster.kind:  # every replica needs an equal slice: whole batches only
+            valid = valid.unbatch().batch(recipe.batch_size, drop_remainder=True)
+    result = train_and_save(recipe, model, cluster, out_dir, start, train, valid, validation_batches,
+                            validation_every, callbacks, verbose, base)
+    if hf_out and cluster.chief:
+        write_hf(recipe, model, out_dir, hf_out, tokenizer, labels, merge)
+    return result
+
+
+def begin(recipe, steps=None, strategy=None, devices=None, collective_timeout=None):
+    """(recipe, cluster): the recipe stretched to `steps`, and the strategy's cluster, made first:
+    a multi-worker strategy must exist before TensorFlow runs anything."""
+    recipe = get(recipe) if not isinstance(recipe, Recipe) else recipe
+    if steps is not None and steps != recipe.steps:
+        recipe = recipe.with_steps(steps)
+    cluster = strategy
+    if not isinstance(strategy, distribute.Cluster):
+        cluster = distribute.make(strategy, devices, collective_timeout)
+    cluster.check_batch(recipe.batch_size)
+    return recipe, cluster
+
+
+def run_meta(recipe, out_dir, labels=None, merge=False, hf_out=None):
+    """(run.json's record, the LoRA base record or None), checked against what out_dir already holds."""
     if merge and not (recipe.lora_rank and hf_out):
         raise ValueError("merge (--merge) writes a LoRA run's adapters merged into its base as --hf-out; it needs "
                          "lora_rank (--lora-rank) and hf_out (--hf-out).")
@@ -298,17 +343,14 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
         base = base_record(recipe.weights, recipe.task, recipe.quantize, len(labels) if labels else None)
         meta["base"] = base
     state.check_compatible(out_dir, meta)
+    return meta, base
 
-    # Seed before any tokenizer exists: TensorFlow's seed call clears the eager kernel cache, and with it
-    # the TF-text resource of a SentencePiece tokenizer made earlier (tf.data then fails: "Resource
-    # localhost/_0_SentencepieceOp ... does not exist").
-    keras.utils.set_random_seed(recipe.seed)
-    tokenizer = _prepare(recipe, out_dir, train_docs, meta) if cluster.chief else None
-    cluster.barrier()  # workers start once the chief's tokenizer, run.json and checkpoints are in place
-    tokenizer = tokenizer or _chiefs_tokenizer(recipe, out_dir)
 
+def restore(recipe, cluster, out_dir, base=None, num_classes=None):
+    """(model, first step): the recipe's model, built under the cluster's scope with its optimizer,
+    and out_dir's last checkpoint restored into both (step 0 when there is none)."""
     with cluster.scope():
-        model = build(recipe, len(labels) if labels else None)
+        model = build(recipe, num_classes)
         model.optimizer.build(model.trainable_variables)
         model = cluster.prepare(model)
         start = 0
@@ -316,16 +358,17 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
         if found:
             start = state.restore(found[-1][1], model, model.optimizer, base)
             print(f"Resuming {recipe.name} from step {start} ({found[-1][1]}).")
+    return model, start
 
+
+def train_and_save(recipe, model, cluster, out_dir, start, train_data, valid=None, validation_batches=8,
+                   validation_every=0, callbacks=(), verbose="auto", base=None, tokens_per_batch=None) -> Result:
+    """`fit` from `start` to the recipe's last step on the (undistributed) datasets, then the final
+    model; `tokens_per_batch`: what tokens/s counts (default: every position of a batch)."""
     interval = math.gcd(min(recipe.log_every, recipe.steps), recipe.steps)
-    k = recipe.accumulation_steps
     result = Result(out_dir=out_dir, start_step=start, step=start, model=model)
-    train = cluster.distribute(data_lib.pipeline(recipe, tokenizer, train_docs, labels, training=True, skip=start * k))
-    valid, valid_steps = None, None
-    if valid_docs is not None:
-        valid = data_lib.pipeline(recipe, tokenizer, valid_docs, labels, training=False)
-        if cluster.kind:  # every replica needs an equal slice: whole batches only
-            valid = valid.unbatch().batch(recipe.batch_size, drop_remainder=True)
+    valid_steps = None
+    if valid is not None:
         valid = valid.take(validation_batches)
         # fit keeps one validation iterator for the whole run: a known count over a repeated set
         # evaluates the same batches every interval, and never "runs out of data".
@@ -335,17 +378,15 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
                              f"{recipe.batch_size}; lower --validation-every or the batch size.")
         valid = cluster.distribute(valid.repeat())
     with cluster.writable(out_dir) as write_dir:  # out_dir on the chief, a scratch folder elsewhere
-        final = _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps, interval, start,
-                       callbacks, verbose, base)
-    if hf_out and cluster.chief:
-        _write_hf(recipe, model, out_dir, hf_out, tokenizer, labels, merge)
+        final = _train(recipe, model, cluster, result, write_dir, train_data, valid, valid_steps, interval, start,
+                       callbacks, verbose, base, tokens_per_batch)
     print(f"{recipe.name}: steps {start} -> {result.step}; {result.tokens_per_second:,.0f} tokens/s; "
           f"peak memory {result.peak_bytes / 2**20:,.0f} MiB (allocator), {result.max_rss_bytes / 2**20:,.0f} MiB RSS; "
           + (f"model saved to {final}" if cluster.chief else "a worker: the chief saves the model"))
     return result
 
 
-def _write_hf(recipe, model, out_dir, hf_out, tokenizer, labels, merge):
+def write_hf(recipe, model, out_dir, hf_out, tokenizer, labels, merge):
     """The final model as a Hugging Face folder; a LoRA run's as a PEFT adapter folder, or merged
     into its float base (never the quantized one: its merge would round once more)."""
     if not recipe.lora_rank:
@@ -357,11 +398,11 @@ def _write_hf(recipe, model, out_dir, hf_out, tokenizer, labels, merge):
 
 
 def _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps, interval, start, callbacks,
-           verbose, base=None):
+           verbose, base=None, tokens_per_batch=None):
     """`fit` from `start` to the recipe's last step, then the final model.keras (a LoRA run: its
     adapters and base.json); returns its path."""
     k = recipe.accumulation_steps
-    tracker = _Intervals(recipe, write_dir, interval, result, base)
+    tracker = _Intervals(recipe, write_dir, interval, result, base, tokens_per_batch)
     device = _device()
     tf.config.experimental.reset_memory_stats(device)
     if start < recipe.steps:

@@ -1,12 +1,14 @@
 """Conversations: the checkpoint's own chat template (zoo.chat.template) and the token ids and
-assistant-token masks of rendered conversations (zoo.chat.tokens).
+assistant-token masks of rendered conversations (zoo.chat.tokens), and the two together for
+generation (zoo.chat.chat: the prompt, and the end-of-turn token to stop at).
 
     template = zoo.chat.ChatTemplate.find("smollm2/")
     text = template.render(messages, add_generation_prompt=True)
 """
 
+from zoo.chat.chat import Chat
 from zoo.chat.template import ROLES, ChatTemplate, ChatTemplateError, check_messages
 from zoo.chat.tokens import TOKENIZER_FILE, ChatTokenizer, Encoded, mask_from_offsets
 
-__all__ = ["ROLES", "TOKENIZER_FILE", "ChatTemplate", "ChatTemplateError", "ChatTokenizer", "Encoded",
+__all__ = ["ROLES", "TOKENIZER_FILE", "Chat", "ChatTemplate", "ChatTemplateError", "ChatTokenizer", "Encoded",
            "check_messages", "mask_from_offsets"]

@@ -4,6 +4,8 @@
 from pathlib import Path
 
 from zoo import export, hub
+from zoo.chat import Chat
+from zoo.export.tf_serving import CHAT_DIR
 from zoo.hub import gguf_writer
 from zoo.loading import load
 
@@ -42,9 +44,10 @@ def _export(args):
             from keras_hub.tokenizers import WordPieceTokenizer
 
             tokenizer = WordPieceTokenizer(vocabulary=args.vocabulary, lowercase=args.lowercase)
+        chat = Chat.of(args.model) if Path(args.model).is_dir() else None
         path = export.saved_model(model, output, sequence_length=args.sequence_length, tokenizer=tokenizer,
-                                  overwrite=args.overwrite)
-        print(f"wrote {path}")
+                                  overwrite=args.overwrite, chat=chat)
+        print(f"wrote {path}" + (f" (its chat template and tokenizer.json in {path / CHAT_DIR})" if chat else ""))
         if model.task == "causal_lm":
             print(f"signatures: serving_default, generate; a TensorFlow-only client: "
                   f"tf.saved_model.load({str(path)!r}).signatures['generate'](token_ids=..., padding_mask=..., "

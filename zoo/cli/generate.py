@@ -49,9 +49,50 @@ def _tflite(args):
     return 0
 
 
+def _print_stream(tokens, decode):
+    """Print decoded text as tokens arrive; waits for the rest of a split multi-byte character."""
+    seen, shown = [], ""
+    for token in tokens:
+        seen.append(token)
+        text = decode(seen)
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(shown):])
+            sys.stdout.flush()
+            shown = text
+    print()
+
+
+def _chat(args, options):
+    """`--chat QUESTION`: the question (after --system, if given) through the checkpoint's chat template,
+    the answer streamed up to its end-of-turn token."""
+    from zoo.chat import Chat
+
+    if args.prompt or args.batch:
+        raise ValueError("--chat takes one question (zoo generate RUN --chat \"question\"); drop the other prompts "
+                         "and --batch.")
+    chat = Chat.find(args.model, override=args.chat_template)
+    model = load(args.model, task="causal_lm")
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.chat}]
+    extra = {t: chat.tokenizer.token_id(t) for t in args.stop or []}
+    unknown = [t for t, i in extra.items() if i is None]
+    if unknown:
+        raise ValueError(f"--stop token(s) {unknown} are not in the tokenizer's vocabulary.")
+    options["stop_token_ids"] = chat.stop_ids + list(extra.values())
+    ids = chat.prompt_ids(messages)
+    _print_stream(stream(model, ids, args.max_new_tokens, **options), chat.decode)
+    return 0
+
+
 def _generate(args):
     if args.tflite:
         return _tflite(args)
+    if args.chat is not None:
+        options = {"sampler": args.sampler, "seed": args.seed}
+        for name in ("top_k", "top_p", "temperature"):
+            if getattr(args, name) is not None:
+                options[name] = getattr(args, name)
+        return _chat(args, options)
     if not args.prompt:
         raise ValueError("Give at least one prompt after the model: zoo generate MODEL \"prompt\".")
     model = load(args.model, task="causal_lm")
@@ -68,21 +109,15 @@ def _generate(args):
         return 0
     for prompt in args.prompt:
         print(prompt, end="", flush=True)
-        tokens, shown = [], ""
-        for token in stream(model, prompt, args.max_new_tokens, **options):
-            tokens.append(token)
-            text = detokenize(model.tokenizer, tokens)
-            if not text.endswith("\ufffd"):  # wait for the rest of a split multi-byte character
-                sys.stdout.write(text[len(shown):])
-                sys.stdout.flush()
-                shown = text
-        print()
+        _print_stream(stream(model, prompt, args.max_new_tokens, **options),
+                      lambda tokens: detokenize(model.tokenizer, tokens))
     return 0
 
 
 def register(subparsers):
     p = subparsers.add_parser("generate", help="continue prompts with a decoder, streaming tokens",
                               usage="zoo generate MODEL PROMPT [PROMPT ...] [options]\n"
+                              "       zoo generate MODEL --chat QUESTION [--system TEXT] [options]\n"
                               "       zoo generate --tflite FILE --tokenizer FOLDER PROMPT [PROMPT ...] [options]")
     p.add_argument("model", help="a training run folder, a Hugging Face folder or repo id, or a .keras file "
                    "(with --tflite: the first prompt)")
@@ -99,6 +134,10 @@ def register(subparsers):
     p.add_argument("--seed", type=int, default=None, help="fixes a random sampler's draws")
     p.add_argument("--stop", action="append", default=None, metavar="TOKEN",
                    help="stop after this token (repeatable; default: the tokenizer's end-of-text token)")
+    p.add_argument("--chat", metavar="QUESTION",
+                   help="answer QUESTION through the checkpoint's chat template, stopping at its end-of-turn token")
+    p.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
+    p.add_argument("--chat-template", metavar="FILE", help="with --chat: a .jinja template instead of the folder's")
     p.add_argument("--batch", action="store_true",
                    help="generate all prompts in one batch and print a JSON line instead of streaming")
     p.set_defaults(func=_generate)

@@ -14,7 +14,11 @@ from zoo.files import atomic_path, check_target
 TEXT_SIGNATURE = "text"
 
 
-def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=False, generate=None) -> Path:
+CHAT_DIR = "assets.extra"  # TF Serving's folder for files beside the graph: a chat model's template and tokenizer
+
+
+def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=False, generate=None,
+                chat=None) -> Path:
     """Write `model`'s inference graph as a SavedModel for TF Serving.
 
     The graph is the inference one (`training=False`), so no recomputation wrapper
@@ -31,6 +35,9 @@ def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=Fal
         generate: add the `generate` signature (and `generate_text` with a tokenizer):
             generation with a key/value cache inside the graph (zoo.export.generate).
             Default: for decoder language models.
+        chat: a `zoo.chat.Chat` (default: the model's `chat`, attached by zoo.load): its template
+            and tokenizer.json are written into `assets.extra/`, so that a serving client renders
+            conversations as the model was trained to read them.
 
     Returns:
         `path`, written atomically (an earlier export survives a failed one).
@@ -67,6 +74,9 @@ def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=Fal
         archive.add_endpoint(TEXT_SIGNATURE, serve_text, input_signature=[text_spec])
     if generate:
         generate_signatures.add_signatures(archive, model, tokenizer)
+    chat = chat if chat is not None else getattr(model, "chat", None)
     with atomic_path(path, overwrite) as tmp:
         archive.write_out(str(tmp), verbose=False)
+        if chat is not None:
+            chat.save(tmp / CHAT_DIR)
     return Path(path)

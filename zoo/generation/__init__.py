@@ -90,9 +90,9 @@ def _check_length(model, longest, max_new_tokens):
                          f"shorten the prompt or ask for at most {max(limit - longest, 0)} new tokens.")
 
 
-def generate(model, prompt, max_new_tokens=32, sampler="greedy", seed=None, tokenizer=None, use_cache=True,
-             stop_token_ids=None, compile=True, jit_compile=False, **sampler_args):
-    """Continue each prompt by `max_new_tokens` tokens.
+def generate(model, prompt=None, max_new_tokens=32, sampler="greedy", seed=None, tokenizer=None, use_cache=True,
+             stop_token_ids=None, compile=True, jit_compile=False, messages=None, chat=None, **sampler_args):
+    """Continue each prompt by `max_new_tokens` tokens, or answer a conversation (`messages=`).
 
     Prompts of different lengths are batched as keras-hub does: right-padded in one
     buffer, with a mask that keeps each row's own prompt tokens; the loop starts at
@@ -112,20 +112,43 @@ def generate(model, prompt, max_new_tokens=32, sampler="greedy", seed=None, toke
         compile: trace the loop with tf.function (once per shape; tens of seconds for a
             30-layer model on CPU, then fast); False runs the same loop eagerly.
         jit_compile: refused: XLA needs static shapes that the loop does not have.
+        messages: instead of `prompt`, a conversation ([{"role", "content"}, ...]) or a list of
+            them: each is rendered by the checkpoint's chat template with its generation prompt,
+            and its answer stops at the template's end-of-turn token (or eos).
+        chat: for `messages`, a `zoo.chat.Chat` (default: the model's `chat`, which zoo.load and
+            zoo.hub.load attach when the checkpoint has a chat template).
 
     Returns:
-        The full text(s) for text prompts; else int32 token ids [B, longest + max_new_tokens],
-        where row i holds its prompt, its `max_new_tokens` new tokens, then zeros.
+        The full text(s) for text prompts; the answer(s) for `messages`, without the end-of-turn
+        token; else int32 token ids [B, longest + max_new_tokens], where row i holds its prompt,
+        its `max_new_tokens` new tokens, then zeros.
 
     Example:
     >>> generate(model, ["The capital of France is", "Once upon a"], max_new_tokens=8)
+    >>> generate(model, messages=[{"role": "user", "content": "What is the capital of France?"}])
     """
-    if jit_compile:
-        raise ValueError("generate(jit_compile=True) is not supported: XLA needs static shapes, and the decode "
-                         "loop's prompt length and cache index are dynamic. Use compile=True (a TF graph).")
+    if messages is not None:
+        return _answer(model, prompt, messages, chat, max_new_tokens, stop_token_ids,
+                       (sampler, seed, use_cache, compile, jit_compile, sampler_args))
+    if prompt is None:
+        raise ValueError("generate() needs a prompt (text or token ids), or messages= (a conversation).")
     _check_decoder(model)
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     rows, text = _encode(prompt, tokenizer)
+    out, ends = _generate_ids(model, rows, max_new_tokens, sampler, seed, use_cache, stop_token_ids, compile,
+                              jit_compile, sampler_args)
+    if not text:
+        return out
+    texts = [detokenize(tokenizer, row[:end]) for row, end in zip(out, ends)]
+    return texts[0] if isinstance(prompt, str) else texts
+
+
+def _generate_ids(model, rows, max_new_tokens, sampler, seed, use_cache, stop_token_ids, compile, jit_compile,
+                  sampler_args):
+    """(tokens [B, T], ends [B]) of `generate` for prompts as int32 rows."""
+    if jit_compile:
+        raise ValueError("generate(jit_compile=True) is not supported: XLA needs static shapes, and the decode "
+                         "loop's prompt length and cache index are dynamic. Use compile=True (a TF graph).")
     lengths = [len(r) for r in rows]
     max_new_tokens = int(max_new_tokens)
     _check_length(model, max(lengths), max_new_tokens)
@@ -139,12 +162,30 @@ def generate(model, prompt, max_new_tokens=32, sampler="greedy", seed=None, toke
     run = run if compile else run.python_function
     out = run(tf.constant(buffer), tf.constant(mask), tf.constant(min(lengths), tf.int32))
     # a shorter prompt ran further, a stop token ends a row: pad with 0
-    out, ends = (np.array(t) for t in trim(out, tf.constant(lengths, tf.int32), max_new_tokens,
-                                            tf.constant(list(stop_token_ids or ()), tf.int32)))
-    if not text:
-        return out
-    texts = [detokenize(tokenizer, row[:end]) for row, end in zip(out, ends)]
-    return texts[0] if isinstance(prompt, str) else texts
+    return tuple(np.array(t) for t in trim(out, tf.constant(lengths, tf.int32), max_new_tokens,
+                                           tf.constant(list(stop_token_ids or ()), tf.int32)))
+
+
+def _answer(model, prompt, messages, chat, max_new_tokens, stop_token_ids, options):
+    """`generate(messages=...)`: the conversations' prompts through the chat template, the answers
+    decoded up to their end-of-turn token."""
+    if prompt is not None:
+        raise ValueError("generate() takes a prompt or messages=, not both.")
+    chat = chat if chat is not None else getattr(model, "chat", None)
+    if chat is None:
+        raise ValueError("generate(messages=...) needs the checkpoint's chat template: load the model with "
+                         "zoo.load / zoo.hub.load from a folder that has one (they attach it as model.chat), or pass "
+                         "chat=zoo.chat.Chat.find(FOLDER).")
+    _check_decoder(model)
+    one = bool(messages) and isinstance(messages[0], dict)
+    conversations = [messages] if one else list(messages)
+    rows = [chat.prompt_ids(m) for m in conversations]
+    stops = list(chat.stop_ids) + [int(t) for t in stop_token_ids or ()]
+    sampler, seed, use_cache, compile, jit_compile, sampler_args = options
+    out, ends = _generate_ids(model, rows, max_new_tokens, sampler, seed, use_cache, stops, compile, jit_compile,
+                              sampler_args)
+    answers = [chat.decode(row[len(ids):end]) for row, ids, end in zip(out, rows, ends)]
+    return answers[0] if one else answers
 
 
 def stream(model, prompt, max_new_tokens=32, sampler="greedy", seed=None, tokenizer=None,

@@ -1,0 +1,113 @@
+"""`recipes.sft.run`: supervised fine-tuning of a pretrained decoder on conversations, prompt/completion
+pairs or text (TRL's SFTTrainer formats), with the checkpoint's own chat template, the loss on
+assistant tokens only, and optional packing.
+
+It reads top to bottom: the checkpoint's tokenizer and chat template; the examples (rendered,
+tokenized, masked; over-long and untrainable ones dropped and counted); the run's folder (the
+tokenizer with its template beside it, run.json); the model (LoRA, quantized base, fused update,
+packing) restored from the last checkpoint; `fit`; the Hugging Face folder out. Everything the
+other recipes have (validation, resume, LoRA/QLoRA, strategies) is theirs: recipes.runner's steps.
+
+    zoo train --recipe sft --weights smollm2/ --data chat.jsonl --out-dir runs/chat --packing \\
+        --lora-rank 16 --quantize int4 --sequence-length 1024
+"""
+
+from __future__ import annotations
+
+import os
+
+import keras
+
+from recipes import pretrained, runner
+from recipes import sft_data as data
+from zoo.chat import ChatTemplate, ChatTokenizer
+from zoo.loading import TOKENIZER_DIR
+
+
+def chat_template(recipe, out_dir) -> ChatTemplate | None:
+    """The template a run renders with: the one saved with its tokenizer (a resumed run), the
+    recipe's `chat_template` file, or the checkpoint's own; None for a checkpoint without one
+    (then only plain rows can train)."""
+    saved = os.path.join(out_dir, TOKENIZER_DIR)
+    if os.path.isdir(saved):
+        return ChatTemplate.find(saved) if _has_template(saved) else None
+    folder = pretrained.checkpoint(recipe.weights).folder
+    if recipe.chat_template:
+        return ChatTemplate.find(folder, override=recipe.chat_template)
+    return ChatTemplate.find(folder) if _has_template(folder) else None
+
+
+def _has_template(folder) -> bool:
+    try:
+        ChatTemplate.find(folder)
+    except ValueError:
+        return False
+    return True
+
+
+def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_batches=8, callbacks=(),
+        verbose="auto", hf_out=None, strategy=None, devices=None, merge=False, collective_timeout=None):
+    """Fine-tune `recipe` (recipe "sft", `recipes.get("sft", weights=...)`) on the JSONL rows at
+    `data_path` into `out_dir`, resuming what `out_dir` holds. Arguments as `recipes.run`;
+    `validation_every` holds out every n-th row. Returns a `recipes.Result` whose tokens/s counts
+    the tokens trained on (assistant tokens), and whose `data` says what packing did."""
+    recipe, cluster = runner.begin(recipe, steps, strategy, devices, collective_timeout)
+    if recipe.weights is None:
+        raise ValueError("Supervised fine-tuning starts from a pretrained decoder and its chat template: pass "
+                         "weights= (--weights FOLDER): a Hugging Face folder, or a GGUF file converted by "
+                         "zoo.hub.convert_gguf.")
+    runner.check_lengths(recipe)
+
+    # 1. The checkpoint's tokenizer (as transformers tokenizes: tokenizer.json) and chat template.
+    saved = os.path.join(out_dir, TOKENIZER_DIR)
+    source = saved if os.path.isdir(saved) else pretrained.checkpoint(recipe.weights).folder
+    tokenizer = ChatTokenizer.from_folder(source)
+    template = chat_template(recipe, out_dir)
+
+    # 2. The examples: every row checked, over-long and untrainable ones dropped and counted.
+    kind, rows = data.read_rows(data_path)
+    numbers = range(1, len(rows) + 1)  # every `validation_every`-th row is held out
+    held = [n for n in numbers if validation_every and (n - 1) % validation_every == 0]
+    train_examples, report = data.examples(kind, rows, template, tokenizer, recipe.sequence_length, recipe.loss_on,
+                                           numbers=[n for n in numbers if n not in set(held)])
+    for line in report.lines(recipe.sequence_length):
+        print(line)
+    if not train_examples:
+        raise ValueError(f"No example of {data_path} fits {recipe.sequence_length} positions with a token to train "
+                         "on; raise --sequence-length, or check the rows (report above).")
+    valid_examples = None
+    if held:
+        valid_examples, valid_report = data.examples(kind, rows, template, tokenizer, recipe.sequence_length,
+                                                     recipe.loss_on, numbers=held)
+        print("Validation: " + " ".join(valid_report.lines(recipe.sequence_length)))
+    stats = data.statistics(train_examples, recipe)
+    print(f"{'Packed' if recipe.packing else 'Padded'} rows of {recipe.sequence_length}: {stats['rows']} an epoch, "
+          f"{stats['examples_per_row']:.2f} examples and {stats['trained_tokens_per_row']:.0f} trained tokens a row, "
+          f"{stats['padding_fraction']:.1%} padding.")
+
+    # 3. The run's folder: the tokenizer with the template beside it, run.json.
+    meta, base = runner.run_meta(recipe, out_dir, None, merge, hf_out)
+    meta["data"] = {"format": kind, **stats}
+    keras.utils.set_random_seed(recipe.seed)
+    def beside_tokenizer(folder):  # what a resumed run and a serving client read back
+        tokenizer.save(folder)
+        if template is not None:
+            template.save(folder)
+
+    if cluster.chief:
+        runner.prepare(recipe, out_dir, None, meta, beside_tokenizer=beside_tokenizer)
+    cluster.barrier()
+
+    # 4. The model, restored; 5. fit; 6. the Hugging Face folder.
+    model, start = runner.restore(recipe, cluster, out_dir, base)
+    skip = start * recipe.accumulation_steps
+    train = cluster.distribute(data.dataset(train_examples, recipe, training=True, skip=skip))
+    valid = data.dataset(valid_examples, recipe, training=False) if valid_examples else None
+    tokens_per_batch = stats["trained_tokens_per_row"] * recipe.batch_size
+    result = runner.train_and_save(recipe, model, cluster, out_dir, start, train, valid, validation_batches,
+                                   validation_every, callbacks, verbose, base, tokens_per_batch=tokens_per_batch)
+    result.data = meta["data"]
+    if hf_out and cluster.chief:
+        runner.write_hf(recipe, model, out_dir, hf_out, runner.saved_tokenizer(recipe, out_dir), None, merge)
+        beside_tokenizer(hf_out)
+    return result

@@ -1,0 +1,264 @@
+"""Supervised fine-tuning data: JSONL rows in the formats TRL's SFTTrainer accepts, as token rows
+with a per-token loss weight, padded one example a row or packed several to a row.
+
+Row formats (the first row decides; every row must have the same):
+  {"messages": [{"role", "content"}, ...]}           a conversation: loss on assistant tokens
+  {"prompt": ..., "completion": ...}                  plain strings, or lists of messages: loss on
+                                                      the completion
+  {"text": "..."}                                      plain text: loss on every token
+Conversations are rendered by the checkpoint's own chat template (zoo.chat); plain prompt,
+completion and text rows end with the end-of-sequence token, as TRL appends it. `loss_on="all"`
+takes the loss on every token of every format.
+
+An example of n tokens trains n - 1 positions (inputs ids[:-1], targets ids[1:], weights
+mask[1:]), so no position ever predicts across two examples. Examples longer than the sequence
+length are DROPPED, not truncated (truncation cuts the answers off), and so are examples with no
+token to train on; both are counted and reported (`Report`). A malformed row is refused with its
+row number.
+
+Packing (`packed=True`) fills each row with whole examples by best-fit decreasing (as TRL's
+`pack_dataset(strategy="bfd")`), over windows of `PACK_WINDOW` shuffled examples so that rows
+change between epochs. The padding mask then numbers the examples (1, 2, ...; 0 is padding),
+which a model with `set_packed(True)` reads as documents: attention stays within each and
+positions restart. Each batch's weights are scaled so that the loss is the mean over the batch's
+trained tokens (Keras' "sum_over_batch_size" divides by batch x length).
+Order is a function of the seed and the epoch, so `skip(n)` puts a resumed run at its batch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import tensorflow as tf
+
+from zoo.chat import ChatTemplateError, check_messages
+
+FORMATS = {"messages": ("messages",), "prompt-completion": ("prompt", "completion"), "text": ("text",)}
+LOSS_ON = ("assistant", "all")  # "assistant": assistant turns, or the completion; "all": every token
+PACK_WINDOW = 1024  # examples packed together (best-fit decreasing inside a shuffled window)
+
+
+@dataclass
+class Report:
+    """What reading the examples kept and dropped, for the log."""
+
+    rows: int = 0
+    kept: int = 0
+    too_long: int = 0
+    longest: int = 0
+    no_trained_token: int = 0
+    trained_tokens: int = 0
+    tokens: int = 0
+    dropped_rows: list = field(default_factory=list)  # the first few dropped rows' numbers, for the message
+
+    def lines(self, sequence_length) -> list[str]:
+        out = [f"{self.kept} of {self.rows} examples kept: {self.tokens:,} tokens, {self.trained_tokens:,} trained on."]
+        if self.too_long:
+            out.append(f"Dropped {self.too_long} example(s) longer than {sequence_length} positions (the longest "
+                       f"has {self.longest}); raise --sequence-length to keep them.")
+        if self.no_trained_token:
+            out.append(f"Dropped {self.no_trained_token} example(s) with no token to train on (no assistant "
+                       "message, or empty answers).")
+        if self.dropped_rows:
+            out.append(f"Dropped rows (1-based): {', '.join(map(str, self.dropped_rows))}"
+                       + (" ..." if len(self.dropped_rows) < self.too_long + self.no_trained_token else ""))
+        return out
+
+
+def read_rows(path) -> tuple[str, list[dict]]:
+    """(format, rows) of a JSONL file; a row of another format, or none, is refused by number."""
+    path = os.fspath(path)
+    if not path.endswith(".jsonl") or not os.path.isfile(path):
+        raise FileNotFoundError(f"Fine-tuning data {path!r} is not a .jsonl file; pass JSONL rows of messages, "
+                                "prompt/completion or text.")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"{path}, line {number}: not JSON ({error.msg}).") from None
+    if not rows:
+        raise ValueError(f"{path} holds no rows.")
+    kind = format_of(rows[0], path, 1)
+    for number, row in enumerate(rows, 1):
+        if format_of(row, path, number) != kind:
+            raise ValueError(f"{path}, row {number}: a {format_of(row, path, number)!r} row in a {kind!r} file; "
+                             "every row must have the first row's format.")
+    return kind, rows
+
+
+def format_of(row, path, number) -> str:
+    if isinstance(row, dict):
+        for kind, keys in FORMATS.items():
+            if all(k in row for k in keys):
+                return kind
+    wanted = "; ".join(" + ".join(repr(k) for k in keys) for keys in FORMATS.values())
+    found = sorted(row) if isinstance(row, dict) else type(row).__name__
+    raise ValueError(f"{path}, row {number}: no fine-tuning fields (found {found}); each row needs one of: {wanted} "
+                     "(TRL's conversational, prompt/completion and language-modeling formats).")
+
+
+def _text_and_spans(kind, row, template, eos):
+    """(text, the character spans trained on) of one row, None spans meaning every token."""
+    if kind == "messages":
+        return template.render_with_spans(row["messages"])
+    if kind == "text":
+        return str(row["text"]) + eos, None
+    prompt, completion = row["prompt"], row["completion"]
+    if isinstance(prompt, list) or isinstance(completion, list):
+        check_messages(prompt)
+        check_messages(completion)
+        return template.prompt_and_completion(prompt, completion)
+    text = str(prompt) + str(completion) + eos
+    return text, [(len(str(prompt)), len(text))]
+
+
+def examples(kind, rows, template, tokenizer, sequence_length, loss_on="assistant", eos=None,
+             numbers=None) -> tuple[list, Report]:
+    """The rows as `zoo.chat.Encoded` examples that fit `sequence_length` positions and train on
+    at least one token, and a `Report` of what was dropped.
+
+    Args:
+        kind, rows: what `read_rows` returns.
+        template: the checkpoint's `zoo.chat.ChatTemplate` (None: plain rows only).
+        tokenizer: the checkpoint's `zoo.chat.ChatTokenizer`.
+        sequence_length: positions a row trains.
+        loss_on: "assistant" (assistant turns, completions) or "all".
+        eos: appended to plain text and completions (default: the template's eos_token).
+        numbers: the 1-based numbers of the rows to take (default: all), as messages name them.
+    """
+    if loss_on not in LOSS_ON:
+        raise ValueError(f"Unknown loss_on {loss_on!r}; known: {', '.join(LOSS_ON)}.")
+    if template is None and kind != "text" and not (kind == "prompt-completion" and _plain(rows)):
+        raise ChatTemplateError("Conversations need the checkpoint's chat template; pass --chat-template FILE.")
+    eos = eos if eos is not None else (template.special_tokens.get("eos_token", "") if template else "")
+    numbers = list(numbers) if numbers is not None else list(range(1, len(rows) + 1))
+    texts, spans_of = [], []
+    for number in numbers:
+        try:
+            text, spans_i = _text_and_spans(kind, rows[number - 1], template, eos)
+        except ChatTemplateError as error:
+            raise ChatTemplateError(f"Row {number}: {error}") from None
+        texts.append(text)
+        spans_of.append(spans_i)
+    if loss_on == "all":
+        spans_of = [None] * len(texts)
+    encoded = tokenizer.encode(texts, spans_of)
+    report, kept = Report(rows=len(numbers)), []
+    for number, example in zip(numbers, encoded):
+        positions = len(example.ids) - 1
+        report.longest = max(report.longest, positions)
+        if positions > sequence_length:
+            report.too_long += 1
+        elif example.mask[1:].sum() == 0:
+            report.no_trained_token += 1
+        else:
+            kept.append(example)
+            report.tokens += positions
+            report.trained_tokens += int(example.mask[1:].sum())
+            continue
+        if len(report.dropped_rows) < 10:
+            report.dropped_rows.append(number)
+    report.kept = len(kept)
+    return kept, report
+
+
+def _plain(rows) -> bool:
+    return all(isinstance(r["prompt"], str) and isinstance(r["completion"], str) for r in rows)
+
+
+# ----------------------------------------------------------------------------- rows
+def best_fit_decreasing(lengths, capacity) -> list[list[int]]:
+    """Bins of item indices, each holding at most `capacity`: items longest first, each into the
+    fullest bin it fits (TRL's "bfd")."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins, free = [], []  # free: sorted (room left, bin index)
+    for i in order:
+        at = bisect.bisect_left(free, (lengths[i], -1))
+        if at == len(free):
+            bins.append([i])
+            bisect.insort(free, (capacity - lengths[i], len(bins) - 1))
+        else:
+            room, b = free.pop(at)
+            bins[b].append(i)
+            bisect.insort(free, (room - lengths[i], b))
+    return bins
+
+
+def _row(examples_in_row, length, pad_id, packed):
+    """(token_ids, padding_mask, targets, weights) of one row, int32 and float32 [length]."""
+    ids = np.full(length, pad_id, np.int32)
+    mask = np.zeros(length, np.int32)
+    targets = np.zeros(length, np.int32)
+    weights = np.zeros(length, np.float32)
+    at = 0
+    for number, example in enumerate(examples_in_row, 1):
+        n = len(example.ids) - 1
+        ids[at:at + n] = example.ids[:-1]
+        targets[at:at + n] = example.ids[1:]
+        weights[at:at + n] = example.mask[1:]
+        mask[at:at + n] = number if packed else 1
+        at += n
+    return ids, mask, targets, weights
+
+
+def epoch_rows(examples_, length, seed, epoch, packed) -> list[list]:
+    """The rows of one epoch, in order: lists of examples (one each unless packed)."""
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(examples_))
+    if not packed:
+        return [[examples_[i]] for i in order]
+    rows = []
+    for start in range(0, len(order), PACK_WINDOW):
+        window = [examples_[i] for i in order[start:start + PACK_WINDOW]]
+        bins = best_fit_decreasing([len(e.ids) - 1 for e in window], length)
+        rows += [[window[i] for i in b] for b in bins]
+    return [rows[i] for i in rng.permutation(len(rows))]
+
+
+def batches(examples_, recipe, pad_id=0, training=True, skip=0):
+    """Python generator of (x, targets, weights) numpy batches; training: epochs forever, whole batches."""
+    size, length = recipe.batch_size, recipe.sequence_length
+    epoch, seen = 0, 0
+    while True:
+        rows = epoch_rows(examples_, length, recipe.seed, epoch, recipe.packing)  # validation: epoch 0 each time
+        stop = len(rows) - len(rows) % size if training else len(rows)
+        for start in range(0, stop, size):
+            seen += 1
+            if seen <= skip:
+                continue
+            ids, mask, targets, weights = (np.stack(a) for a in zip(*(
+                _row(r, length, pad_id, recipe.packing) for r in rows[start:start + size])))
+            total = weights.sum()
+            weights *= weights.size / total if total else 0.0  # the mean over the batch's trained tokens
+            yield {"token_ids": ids, "padding_mask": mask}, targets, weights
+        if not training:
+            return
+        if stop == 0:
+            raise ValueError(f"{len(rows)} row(s) an epoch make no batch of {size}; lower --batch-size.")
+        epoch += 1
+
+
+def dataset(examples_, recipe, pad_id=0, training=True, skip=0) -> tf.data.Dataset:
+    """`batches` as a tf.data pipeline for `fit` (a global batch, under a strategy)."""
+    length = recipe.sequence_length
+    ints = tf.TensorSpec((None, length), tf.int32)
+    spec = ({"token_ids": ints, "padding_mask": ints}, ints, tf.TensorSpec((None, length), tf.float32))
+    ds = tf.data.Dataset.from_generator(lambda: batches(examples_, recipe, pad_id, training, skip),
+                                        output_signature=spec)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def statistics(examples_, recipe) -> dict:
+    """One epoch's padding fraction and trained tokens per batch: what packing changes."""
+    rows = epoch_rows(examples_, recipe.sequence_length, recipe.seed, 0, recipe.packing)
+    real = sum(len(e.ids) - 1 for e in examples_)
+    trained = sum(int(e.mask[1:].sum()) for e in examples_)
+    return {"rows": len(rows), "padding_fraction": 1 - real / (len(rows) * recipe.sequence_length),
+            "trained_tokens_per_row": trained / len(rows), "examples_per_row": len(examples_) / len(rows)}
