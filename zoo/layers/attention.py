@@ -7,6 +7,8 @@ Projections are separate `Dense` layers (q, k, v, o) so that Hugging Face
 The core and its chunk size are runtime choices (`ZooModel.set_attention`),
 like the checkpointing policy: they change memory and speed, never the weights.
 The default core, "auto", follows the policy (`zoo.ops.attention_core.resolve_core`).
+`packed` (`ZooModel.set_packed`), also a runtime choice: the padding mask holds document numbers
+(0 = padding), a query sees only its own document and rotary positions restart at each document.
 """
 
 import keras
@@ -14,7 +16,7 @@ from keras import ops
 
 from zoo.layers.initializers import init
 from zoo.layers.norm import make_norm
-from zoo.ops.attention_core import attention, check_chunk_size, check_core, resolve_core
+from zoo.ops.attention_core import attention, check_chunk_size, check_core, document_spans, resolve_core
 from zoo.ops.recompute import recompute
 
 
@@ -43,6 +45,7 @@ class Attention(keras.layers.Layer):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.causal, self.scale, self.window = causal, scale, window
         self.core, self.chunk_size = "auto", None  # set_attention() changes them; not part of the config
+        self.packed = False  # set_packed() changes it; not part of the config
         self.use_bias, self.rotary_theta, self.dropout = use_bias, rotary_theta, dropout
         self.qkv_bias = use_bias if qkv_bias is None else qkv_bias
         self.rope_scaling = dict(rope_scaling) if rope_scaling else None  # Llama 3 frequency scaling
@@ -94,13 +97,19 @@ class Attention(keras.layers.Layer):
         `cache` [B, 2, T, KV, D] holds earlier keys/values for incremental decoding;
         `cache_index` is where `x`'s positions start; `keep_scores`: see `resolve_core`;
         `keep`: the dropout mask of the probabilities drawn ahead (plain core only; `seed` draws it
-        otherwise). Returns (output, cache)."""
+        otherwise). With `packed` on (and no cache: decoding is never packed) `padding_mask` holds
+        document numbers. Returns (output, cache)."""
         query = self._heads(self.query_dense(x), self.num_heads)
         key = self._heads(self.key_dense(x), self.num_kv_heads)
         value = self._heads(self.value_dense(x), self.num_kv_heads)
         if self.qk_norm:
             query, key = self.query_norm(query), self.key_norm(key)
-        if self.rotary is not None:
+        documents = padding_mask if self.packed and cache is None else None
+        if self.rotary is not None and documents is not None:  # each document's positions start at 0
+            first = document_spans(documents)[1]
+            positions = ops.arange(ops.shape(first)[1], dtype="int32")[None] - first
+            query, key = self.rotary(query, positions=positions), self.rotary(key, positions=positions)
+        elif self.rotary is not None:
             query = self.rotary(query, start_index=cache_index)
             key = self.rotary(key, start_index=cache_index)
         if cache is not None:
@@ -114,6 +123,8 @@ class Attention(keras.layers.Layer):
             rate=self.dropout if training else 0.0, seed=seed, chunk_size=self.chunk_size, window=self.window,
             scale=self.scale,
         )
+        if documents is not None:  # the document numbers' zeros are the padding
+            options.update(key_mask=None, documents=documents)
         if keep is not None:
             if core_name != "plain":
                 raise ValueError(f"A dropout mask drawn ahead needs the plain core; this call runs {core_name!r}.")

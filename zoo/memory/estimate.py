@@ -213,6 +213,20 @@ def _family_extra_16(s, b, seq) -> int:
     return seq * b * extra
 
 
+def _packed_bytes(s, b, seq, precision) -> int:
+    """What packed rows (ZooModel.set_packed) keep beyond an unpadded row of the same length: the rotary
+    cos and sin per row, [B, S, 1, head_dim] each in the compute dtype instead of [1, S, 1, head_dim],
+    kept to the backward; Grappler merges the identical computations of every layer's queries and keys,
+    so one pair per distinct rotary setting (measured: +8.0-9.4 MiB for a predicted 8 MiB at b4 x s1024,
+    head_dim 256, two layers, under "selective" and "full"); and the document runs, first and stop
+    indices (int32 [B, S] each, zoo.ops.attention_core.document_spans). The plain core's [B, 1, S, S]
+    bool mask the backward keeps is the one a 0/1 padding mask makes today; the document mask combined
+    into it is transient (measured within ±1.5 MiB of 0 at the peak, for a 16 MiB mask at b4 x s2048)."""
+    rotary = {(s.layer_rope_theta(i), s.layer_kind(i) == "global" and bool(s.rope_scaling))
+              for i in range(s.num_layers)} if s.positions == "rope" else set()
+    return len(rotary) * 2 * b * seq * s.head_dim * _activation_bytes(precision) + 3 * 4 * b * seq
+
+
 def split_config(checkpointing, fused=False, accumulation_steps: int = 1) -> tuple:
     """(policy, fused) from a checkpointing policy or a `CONFIGS` name ("full+fused")."""
     if isinstance(checkpointing, str) and checkpointing.endswith("+fused"):
@@ -227,7 +241,8 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
              checkpointing="none", task=None, optimizer: str = "adamw", attention: str = "auto",
              chunk_size: int | None = None, fused: bool = False, loss_chunk: int | None = None,
              accumulation_steps: int = 1, weights_dtype: str = "float32", lora_rank: int | None = None,
-             lora_targets=None, quantize: str | None = None, replicas: int = 1) -> MemoryEstimate:
+             lora_targets=None, quantize: str | None = None, replicas: int = 1,
+             packed: bool = False) -> MemoryEstimate:
     """Bytes one training step holds at its peak, by component: what the TF allocator's
     peak shows for a process that builds the model and the optimizer and trains.
 
@@ -257,6 +272,9 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
         quantize: "int8" or "int4": the frozen base as Keras' Model.quantize stores it.
         replicas: data-parallel replicas; above 1 the all-reduce's packed copy of the gradients is
             counted too (zoo.memory.replicas). `batch_size` stays ONE replica's batch here.
+        packed: rows pack several examples (ZooModel.set_packed): a packed row costs what an unpadded
+            row of the same length does, plus `_packed_bytes` (rotary positions per row, document
+            spans), counted in the activations.
 
     Returns:
         A `MemoryEstimate` (bytes per component and `.total`).
@@ -301,6 +319,11 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
         activations = layers * per_layer_no_core + working
     else:
         activations = layers * (2 * seq * b * h * scale + _held_masks(s, b, seq, attention)) + replay
+    if packed:
+        if not s.is_decoder:
+            raise ValueError(f"packed=True: packed rows are for the decoders only (ZooModel.set_packed); "
+                             f"{s.family} is an encoder family.")
+        activations += _packed_bytes(s, b, seq, precision)
     logits = 0
     if loss_chunk is not None and task != "causal_lm":
         raise ValueError(f"loss_chunk applies to task 'causal_lm' only, not {task!r}.")

@@ -131,6 +131,36 @@ class ZooModel(keras.Model):
         self._drop_compiled_functions()
         return core, chunk_size
 
+    @property
+    def packed(self) -> bool:
+        """Whether the padding mask holds packed rows' document numbers (`set_packed`)."""
+        return any(block.attention.packed for block in blocks_of(self))
+
+    def set_packed(self, enabled=True) -> bool:
+        """Train on packed rows: several whole examples one after another in a row. With packing on,
+        the integer `padding_mask` input holds document numbers instead of 0/1: 0 = padding, 1, 2,
+        ... = the example each token belongs to, in contiguous runs along the row (a run of one
+        number is one document). Every block's attention then lets a query see only keys of its own
+        document, and rotary positions restart at 0 at each document's first token. Off (the
+        default), every graph is as without it. The cached decode path (`call_with_cache`) is never
+        packed. Not part of the saved config, like the attention core; compiled functions retrace.
+        Decoders only: an encoder's learned positions and pooled heads read the row as one example.
+
+        Example:
+        >>> model.set_packed(True)
+        True
+        >>> model({"token_ids": ids, "padding_mask": [[1, 1, 1, 2, 2, 3, 3, 3, 0, 0]]})
+        """
+        enabled = bool(enabled)
+        if enabled and not self.spec.is_decoder:
+            raise ValueError(f"set_packed(True) supports the decoders only; {type(self).__name__} is a "
+                             f"{self.spec.family} encoder, whose positions and pooled or per-row heads read a row "
+                             "as one example. Pad each example to its own row instead.")
+        for block in blocks_of(self):
+            block.attention.packed = enabled
+        self._drop_compiled_functions()
+        return enabled
+
     fused_update = None  # the fused update's clip mode ("global", "per-block"), or None when off
 
     def set_fused_update(self, enabled=True, clip="global"):

@@ -17,6 +17,13 @@ Qwen2/3, Mistral); 2w - 1 keys for a bidirectional one (ModernBERT's
 and backward, only the tiles that hold at least one such pair
 (`key_chunk_range`, `tile_count`): about s·(w + chunk)/chunk² tiles instead of s²/chunk².
 
+Packed rows (`documents=` [B, T] int: 0 = padding, 1, 2, ... = the example each token belongs to,
+in contiguous runs) let a query see only keys of its own document, a run of one number (a number
+that comes back after another is a new document). The chunked core then also skips the tiles that
+lie wholly across documents: query chunk i needs no key before the first token of its earliest
+query's document, nor (bidirectional) after the last of its latest one's, over all batch rows
+(`document_key_bounds`). Documents need self-attention: queries and keys are the same positions.
+
 `plain_attention` materialises the scores [B, H, S, T]. It is the reference the
 tests compare against, and a user's fallback (`ZooModel.set_attention("plain")`).
 
@@ -67,10 +74,12 @@ def check_window(window):
 
 
 def key_chunk_range(i, query_chunk, key_chunk, key_chunks, query_length, causal=False, window=None,
-                    query_offset=0):
+                    query_offset=0, key_bounds=None):
     """[start, stop) of the key chunks that query chunk i needs: those holding at least one key
-    it may see. Causal: none past its last query; windowed: none wholly outside the window.
-    Arguments may be Python ints (then so is the result) or scalar tensors."""
+    it may see. Causal: none past its last query; windowed: none wholly outside the window;
+    `key_bounds` (packed rows: `document_key_bounds`' [first, stop) of the keys the chunk's
+    queries may see): none wholly outside those. Arguments may be Python ints (then so is the
+    result) or scalar tensors."""
     first = query_offset + i * query_chunk  # the chunk's first and last real query positions
     last = query_offset + _min(query_length, (i + 1) * query_chunk) - 1
     start, stop = 0, key_chunks
@@ -80,16 +89,81 @@ def key_chunk_range(i, query_chunk, key_chunk, key_chunks, query_length, causal=
             stop = _min(key_chunks, (last + window - 1) // key_chunk + 1)
     if causal:
         stop = _min(key_chunks, last // key_chunk + 1)
+    if key_bounds is not None:
+        start = _max(start, key_bounds[0] // key_chunk)
+        stop = _min(stop, _ceil_div(key_bounds[1], key_chunk))
     return start, stop
 
 
-def tile_count(query_length, key_length, chunk_size=None, causal=False, window=None, query_offset=0):
+def tile_count(query_length, key_length, chunk_size=None, causal=False, window=None, query_offset=0,
+               documents=None):
     """How many (query chunk, key chunk) tiles the chunked core computes, in each of its forward
-    and backward passes (Python ints in, an int out)."""
+    and backward passes (Python ints in, an int out; `documents`: a packed batch's document
+    numbers [B, T], as the cores take them)."""
     check_window(window)
     cq, ck, nq, nk = chunk_sizes(query_length, key_length, chunk_size)
-    ranges = (key_chunk_range(i, cq, ck, nk, query_length, causal, window, query_offset) for i in range(nq))
+    bounds = None
+    if documents is not None:
+        _check_documents(query_length, key_length, query_offset)
+        bounds = [b.numpy().tolist() for b in document_key_bounds(documents, cq, nq)]
+    ranges = (_chunk_keys(i, cq, ck, nk, query_length, causal, window, query_offset, bounds) for i in range(nq))
     return sum(max(stop - start, 0) for start, stop in ranges)
+
+
+def _chunk_keys(i, query_chunk, key_chunk, key_chunks, query_length, causal, window, query_offset, key_bounds):
+    """`key_chunk_range` of query chunk i, within packed rows' `key_bounds` ([first], [stop] per query
+    chunk, or None) unless the range is statically one chunk: that tile runs as straight-line ops
+    and the document mask alone keeps it exact."""
+    args = (i, query_chunk, key_chunk, key_chunks, query_length, causal, window, query_offset)
+    start, stop = key_chunk_range(*args)
+    if key_bounds is None or (isinstance(start, int) and isinstance(stop, int) and stop - start <= 1):
+        return start, stop
+    return key_chunk_range(*args, key_bounds=(key_bounds[0][i], key_bounds[1][i]))
+
+
+def document_spans(documents):
+    """Packed rows' document numbers [B, T] (0 = padding) -> (run, first, stop), int32 [B, T]: which
+    run of one number each token is in (0, 1, ... along its row: equal runs = same document), and
+    the index of that run's first token and one past its last. A token's position in its document
+    is its index less `first`."""
+    documents = tf.cast(documents, tf.int32)
+    batch, length = tf.shape(documents)[0], tf.shape(documents)[1]
+    starts = tf.concat([tf.ones([batch, 1], tf.bool), documents[:, 1:] != documents[:, :-1]], axis=1)
+    run = tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1
+    ids = run + tf.range(batch)[:, None] * length  # one segment per (row, run)
+    index = tf.broadcast_to(tf.range(length)[None], tf.shape(run))
+    first = tf.gather(tf.math.unsorted_segment_min(index, ids, batch * length), ids)
+    stop = tf.gather(tf.math.unsorted_segment_max(index, ids, batch * length), ids) + 1
+    return run, first, stop
+
+
+def document_key_bounds(documents, query_chunk, query_chunks):
+    """Packed rows: for each query chunk, [first, stop) of the keys its queries may see: from the
+    earliest first token to the latest last token (+1) of their documents, over all batch rows.
+    Padding sees no key. Two int32 [query chunks] tensors."""
+    _, first, stop = document_spans(documents)
+    real = tf.cast(documents, tf.int32) != 0
+    length = tf.shape(first)[1]
+    first = _chunked(tf.where(real, first, length), query_chunk, query_chunks, fill=length)
+    stop = _chunked(tf.where(real, stop, 0), query_chunk, query_chunks, fill=0)
+    return tf.reduce_min(first, axis=[1, 2]), tf.reduce_max(stop, axis=[1, 2])
+
+
+def _check_documents(query_length, key_length, query_offset):
+    """Documents number the positions queries and keys share: self-attention without a cache."""
+    if not isinstance(query_offset, int) or query_offset != 0 or (
+            isinstance(query_length, int) and isinstance(key_length, int) and query_length != key_length):
+        raise ValueError("Packed rows (documents=) need self-attention over one sequence: as many queries as keys "
+                         f"and query_offset 0 (no key/value cache); got {query_length} queries, {key_length} keys, "
+                         f"query_offset {query_offset!r}.")
+
+
+def _padding_of(documents, key_mask):
+    """The keys that may be attended: `key_mask`, and with documents their non-zero numbers."""
+    if documents is None:
+        return key_mask
+    real = tf.cast(documents, tf.int32) != 0
+    return real if key_mask is None else tf.logical_and(tf.cast(key_mask, tf.bool), real)
 
 
 def resolve_core(core, keep_scores, key_length, chunk_size=None) -> str:
@@ -161,14 +235,18 @@ def _tile_keep(seed, i, j, shape, rate):
     return replica_uniform(shape, _tile_seed(seed, i, j)) >= rate
 
 
-def _allowed(key_mask, causal, query_positions, key_positions, window=None):
+def _allowed(key_mask, causal, query_positions, key_positions, window=None, documents=None):
     """Which (query, key) pairs may attend: [B or 1, 1, S, T] (None = all)."""
     allowed = None
+    key_mask = _padding_of(documents, key_mask)
     if key_mask is not None:
         allowed = tf.cast(key_mask, tf.bool)[:, None, None, :]
     pairs = _position_rule(query_positions, key_positions, causal, window)
     if pairs is not None:
         allowed = pairs[None, None] if allowed is None else tf.logical_and(allowed, pairs[None, None])
+    if documents is not None:  # [B, 1, S, T]: the same run of one document number
+        run = document_spans(documents)[0]
+        allowed = tf.logical_and(allowed, run[:, None, :, None] == run[:, None, None, :])
     return allowed
 
 
@@ -183,11 +261,14 @@ def _position_rule(query_positions, key_positions, causal, window):
 
 
 def plain_attention(query, key, value, key_mask=None, causal=False, query_offset=0, rate=0.0, seed=None,
-                    chunk_size=None, window=None, scale=None, keep=None):
+                    chunk_size=None, window=None, scale=None, keep=None, documents=None):
     """The reference core: scores, softmax and dropout mask held whole. `keep`: that mask drawn ahead
-    (`attention_keep`, held by zoo.ops.dropout.Masks), instead of drawing it here."""
+    (`attention_keep`, held by zoo.ops.dropout.Masks), instead of drawing it here; `documents`:
+    packed rows' document numbers [B, T] (0 = padding; a query sees only its own document)."""
     check_window(window)
     query, key, value = (tf.convert_to_tensor(x) for x in (query, key, value))
+    if documents is not None:
+        _check_documents(_length(query, 1), _length(key, 1), query_offset)
     batch, num_heads, kv_heads = tf.shape(query)[0], query.shape[2], key.shape[2]
     if kv_heads != num_heads:
         key = tf.repeat(key, num_heads // kv_heads, axis=2)
@@ -195,7 +276,8 @@ def plain_attention(query, key, value, key_mask=None, causal=False, query_offset
     query_length, key_length = _length(query, 1), _length(key, 1)
     scale = _scale(scale, query.shape[-1])
     scores = tf.cast(tf.einsum("bshd,bthd->bhst", query * tf.cast(scale, query.dtype), key), tf.float32)
-    allowed = _allowed(key_mask, causal, query_offset + tf.range(query_length), tf.range(key_length), window)
+    allowed = _allowed(key_mask, causal, query_offset + tf.range(query_length), tf.range(key_length), window,
+                       documents)
     if allowed is not None:
         scores = tf.where(allowed, scores, _MASKED)
     probs = tf.cast(tf.nn.softmax(scores, axis=-1), value.dtype)
@@ -226,11 +308,21 @@ def attention_keep(seed, batch, heads, query_length, key_length, rate, chunk_siz
     return whole[:, :, :query_length, :key_length]
 
 
+def _chunked(x, size, count, fill=0):
+    """[B, L, ...] -> [count, B, size, ...], padded with `fill` at the end of L."""
+    pad = count * size - tf.shape(x)[1]
+    x = tf.pad(x, [[0, 0], [0, pad]] + [[0, 0]] * (x.shape.rank - 2), constant_values=fill)
+    shape = tf.concat([[tf.shape(x)[0], count, size], tf.shape(x)[2:]], axis=0)
+    perm = [1, 0] + list(range(2, x.shape.rank + 1))
+    return tf.transpose(tf.reshape(x, shape), perm)
+
+
 class _Tiles:
     """Queries and keys cut into chunks ([chunk index, B, chunk, ...]) and each tile's
     scores, mask and dropout: what the forward and backward passes share."""
 
-    def __init__(self, query, key, value, key_mask, causal, query_offset, rate, seed, chunk_size, window, scale):
+    def __init__(self, query, key, value, key_mask, causal, query_offset, rate, seed, chunk_size, window, scale,
+                 documents=None):
         self.dtype = value.dtype
         self.batch, self.static_batch = tf.shape(query)[0], query.shape[0]
         self.heads, self.kv_heads, self.head_dim = query.shape[2], key.shape[2], query.shape[3]
@@ -245,22 +337,23 @@ class _Tiles:
         self.q = self.chunks(grouped, self.cq, self.nq)  # [nq, B, cq, KV, G, D]
         self.k = self.chunks(key, self.ck, self.nk)  # [nk, B, ck, KV, D]
         self.v = self.chunks(value, self.ck, self.nk)
+        key_mask = _padding_of(documents, key_mask)
         if key_mask is None:
             key_mask = tf.ones(tf.stack([self.batch, self.key_length]), tf.bool)
         self.key_mask = self.chunks(tf.cast(key_mask, tf.bool), self.ck, self.nk)  # [nk, B, ck]; padding is False
+        self.query_runs = self.key_runs = self.key_bounds = None
+        if documents is not None:  # packed rows: each token's run (document), and each query chunk's keys
+            _check_documents(self.query_length, self.key_length, query_offset)
+            run = document_spans(documents)[0]
+            self.query_runs, self.key_runs = self.chunks(run, self.cq, self.nq), self.chunks(run, self.ck, self.nk)
+            self.key_bounds = document_key_bounds(documents, self.cq, self.nq)
 
-    def chunks(self, x, size, count):
-        """[B, L, ...] -> [count, B, size, ...], padded at the end of L."""
-        pad = count * size - tf.shape(x)[1]
-        x = tf.pad(x, [[0, 0], [0, pad]] + [[0, 0]] * (x.shape.rank - 2))
-        shape = tf.concat([[tf.shape(x)[0], count, size], tf.shape(x)[2:]], axis=0)
-        perm = [1, 0] + list(range(2, x.shape.rank + 1))
-        return tf.transpose(tf.reshape(x, shape), perm)
+    chunks = staticmethod(_chunked)  # [B, L, ...] -> [count, B, size, ...]
 
     def key_chunks_for(self, i):
         """[start, stop) of the key chunks query chunk i sees (`key_chunk_range`)."""
-        return key_chunk_range(i, self.cq, self.ck, self.nk, self.query_length, self.causal, self.window,
-                               self.query_offset)
+        return _chunk_keys(i, self.cq, self.ck, self.nk, self.query_length, self.causal, self.window,
+                           self.query_offset, self.key_bounds)
 
     def scores(self, i, j, q):
         """Masked float32 scores of tile (i, j): [B, KV, G, cq, ck]."""
@@ -270,6 +363,9 @@ class _Tiles:
                                self.causal, self.window)
         if pairs is not None:
             allowed = tf.logical_and(allowed, pairs)
+        if self.query_runs is not None:  # [B, 1, 1, cq, ck]: the same document
+            same = self.query_runs[i][:, :, None] == self.key_runs[j][:, None, :]
+            allowed = tf.logical_and(allowed, same[:, None, None])
         return tf.where(allowed, s, _MASKED)
 
     def dropout_scale(self, i, j, scores):
@@ -378,11 +474,13 @@ def _backward(t: _Tiles, out, lse, d_out):
 
 
 def chunked_attention(query, key, value, key_mask=None, causal=False, query_offset=0, rate=0.0, seed=None,
-                      chunk_size=None, window=None, scale=None):
-    """The memory-efficient core: O(s·chunk) working memory; saves Q, K, V, output and lse."""
+                      chunk_size=None, window=None, scale=None, documents=None):
+    """The memory-efficient core: O(s·chunk) working memory; saves Q, K, V, output and lse.
+    `documents`: packed rows' document numbers [B, T], as `plain_attention` takes them; the tiles
+    wholly across documents are skipped, forward and backward."""
     check_window(window)
     query, key, value = (tf.convert_to_tensor(x) for x in (query, key, value))
-    options = (key_mask, causal, query_offset, rate, seed, chunk_size, window, scale)
+    options = (key_mask, causal, query_offset, rate, seed, chunk_size, window, scale, documents)
 
     @tf.custom_gradient
     def core(q, k, v):
