@@ -47,11 +47,12 @@ def pretraining_task(model) -> str:
 
 def compiled_model(model, policy, precision, seq, core=None, chunk_size=None, optimizer="adam", fused=False,
                    loss_chunk=None, clip=1.0, weights_dtype="float32", num_layers=None, lora_rank=None,
-                   lora_targets=None, quantize=None, spec_overrides=None):
+                   lora_targets=None, quantize=None, spec_overrides=None, packed=False):
     """`core`, `chunk_size`: the attention core (None: the model's default);
     `weights_dtype` "bfloat16": the "bfloat16" policy and stochastic rounding (zoo.checks.weights);
     `num_layers`: fewer blocks (smoke runs); `lora_rank`/`quantize`: LoRA on a (quantized) frozen base;
-    `spec_overrides`: other ModelSpec fields (long_context.py's all-global copy of a windowed model)."""
+    `spec_overrides`: other ModelSpec fields (long_context.py's all-global copy of a windowed model);
+    `packed`: the padding mask numbers documents (ZooModel.set_packed; benchmarks/sft.py)."""
     from zoo import checks
 
     spec = zoo.spec(model)
@@ -74,16 +75,26 @@ def compiled_model(model, policy, precision, seq, core=None, chunk_size=None, op
         m.set_loss_chunk(loss_chunk)
     if fused:  # the optimizer step inside the backward pass (needs policy "full")
         m.set_fused_update(True)
+    if packed:
+        m.set_packed(True)
     m.compile(optimizer=make_optimizer(optimizer, clip, rounding),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     m.optimizer.build(m.trainable_variables)  # Adam's slots count as "built", not as step memory
     return m
 
 
-def synthetic_batch(model, batch, seq):
+def synthetic_batch(model, batch, seq, packed=False):
+    """Random tokens; `packed`: each row's padding mask numbers documents of 64 to seq / 4 tokens."""
     spec, rng = zoo.spec(model), np.random.default_rng(0)
     x = {"token_ids": rng.integers(0, spec.vocab_size, (batch, seq), dtype="int32"),
          "padding_mask": np.ones((batch, seq), "int32")}
+    if packed:
+        for row in x["padding_mask"]:
+            at, number = 0, 1
+            while at < seq:
+                length = int(rng.integers(64, max(65, seq // 4)))
+                row[at:at + length] = number
+                at, number = at + length, number + 1
     if not spec.is_decoder:
         if spec.positions == "learned":  # BERT's token types; ModernBERT has none
             x["segment_ids"] = np.zeros((batch, seq), "int32")

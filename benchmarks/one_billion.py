@@ -42,7 +42,7 @@ RUNTIME_RSS = 3 * GiB  # TF runtime, Python and allocator slack beyond the alloc
 
 
 def measure(model, batch, seq, precision, steps, optimizer, fused, loss_chunk, clip, weights_dtype="float32",
-            num_layers=None, **lora):
+            num_layers=None, packed=False, **lora):
     """One variant, in this (child) process (`lora`: compiled_model's LoRA arguments, benchmarks/lora.py)."""
     import time
 
@@ -52,9 +52,9 @@ def measure(model, batch, seq, precision, steps, optimizer, fused, loss_chunk, c
     tf.config.experimental.reset_memory_stats("CPU:0")
     start = time.perf_counter()
     m = compiled_model(model, "full", precision, seq, optimizer=optimizer, fused=fused, loss_chunk=loss_chunk,
-                       clip=clip, weights_dtype=weights_dtype, num_layers=num_layers, **lora)
+                       clip=clip, weights_dtype=weights_dtype, num_layers=num_layers, packed=packed, **lora)
     build_s = time.perf_counter() - start
-    x, y = synthetic_batch(model, batch, seq)
+    x, y = synthetic_batch(model, batch, seq, packed)
     with _harness.PeakMemory() as mem:
         times, _, losses = train_steps(m, x, y, steps)
     return {
