@@ -78,7 +78,7 @@ def gradients(model, data, traced=False):
 
 @pytest.mark.parametrize("policy", ["none", "full"])
 def test_packed_gradients_equal_one_example_per_row(policy):
-    """Exact formulations only: dropout draws its masks by layout (a [2, 16] row and five [9]-wide rows
+    """Exact formulations only: dropout draws its masks by layout (two 16-wide rows and five 9-wide ones
     draw different bits), so a packed row cannot equal the unpacked batch with dropout on. Without
     dropout it must, to float32 rounding, for every trainable variable. With dropout 0.1 the packed
     row's `full` gradients (the block replayed from its input, the document numbers captured in the
