@@ -8,7 +8,7 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 # Importing the models registers their classes, so keras.models.load_model works after `import zoo`.
-from zoo import export, generation, hub, loading, memory, models, optimizers
+from zoo import export, generation, hub, loading, lora, memory, models, optimizers
 from zoo.loading import load
 from zoo.ops.recompute import POLICIES
 from zoo.registry import PRECISIONS, ModelSpec, names, register, spec
@@ -16,7 +16,7 @@ from zoo.registry import PRECISIONS, ModelSpec, names, register, spec
 __version__ = "0.1.0"
 
 
-def get(name, checkpointing=None, dtype=None, task=None, weights=None, **overrides):
+def get(name, checkpointing=None, dtype=None, task=None, weights=None, quantize=None, **overrides):
     """Build a registered model (or a `ModelSpec`) as a Keras model.
 
     Args:
@@ -28,6 +28,9 @@ def get(name, checkpointing=None, dtype=None, task=None, weights=None, **overrid
             (decoders). None: backbone for encoders, causal_lm for decoders.
         weights: a Hugging Face folder or repo id to load weights from (`zoo.hub.load`);
             its shape must be `name`'s.
+        quantize: "int8" | "int4": the frozen base quantized as `zoo.lora.quantize_base` does;
+            with `weights`, each tensor is quantized as it is read (`zoo.hub.load`), so the
+            float model never exists.
         **overrides: spec fields to change (`num_layers=2, hidden_dim=64`), and the
             task's own arguments (`num_classes=` for "classifier").
 
@@ -40,13 +43,17 @@ def get(name, checkpointing=None, dtype=None, task=None, weights=None, **overrid
     'selective'
     """
     if weights is not None:
-        return hub.load(weights, task=task, checkpointing=checkpointing, dtype=dtype, name=name, **overrides)
+        return hub.load(weights, task=task, checkpointing=checkpointing, dtype=dtype, name=name, quantize=quantize,
+                        **overrides)
     task_args = {k: overrides.pop(k) for k in ("num_classes",) if k in overrides}
     model_spec = spec(name).replace(**overrides) if overrides else spec(name)
-    return models.build(model_spec, task=task, checkpointing=checkpointing, dtype=dtype, **task_args)
+    model = models.build(model_spec, task=task, checkpointing=checkpointing, dtype=dtype, **task_args)
+    if quantize is not None:  # random weights: quantized from float ones
+        lora.quantize_base(model, quantize)
+    return model
 
 
 __all__ = [
-    "POLICIES", "PRECISIONS", "ModelSpec", "export", "generation", "get", "hub", "load", "loading", "memory",
+    "POLICIES", "PRECISIONS", "ModelSpec", "export", "generation", "get", "hub", "load", "loading", "lora", "memory",
     "models", "names", "optimizers", "register", "spec",
 ]

@@ -40,9 +40,8 @@ def load_lora_run(folder, merge=False):
     folder = Path(folder)
     base = check_base(json.loads((folder / BASE_FILE).read_text(encoding="utf-8")))
     classes = {"num_classes": base["num_classes"]} if base["task"] == "classifier" else {}
-    model = hub.load(base["weights"], task=base["task"], tokenizer=False, **classes)
-    if base["quantize"] and not merge:
-        lora.quantize_base(model, base["quantize"])
+    quantize = None if merge else base["quantize"]  # quantized as each tensor is read (zoo.hub.load)
+    model = hub.load(base["weights"], task=base["task"], tokenizer=False, quantize=quantize, **classes)
     hub.load_adapter(model, folder / ADAPTER_DIR)
     if merge:
         lora.merge_lora(model)

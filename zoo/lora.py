@@ -18,11 +18,12 @@ import gc
 import re
 
 import keras
+import ml_dtypes
 from keras import ops
 
 from zoo import checks
 from zoo.checks import QUANTIZATION_MODES
-from zoo.models import classifier_head, hf_projections
+from zoo.models import classifier_head, hf_projections, quantizable
 from zoo.ops.scratch_graphs import release_scratch_graphs
 from zoo.shapes import LORA_DEFAULT_TARGETS, variables
 
@@ -293,7 +294,8 @@ def quantize_base(model, mode) -> list:
     Position embeddings (keras-hub's PositionEmbedding) and norms stay float.
 
     Args:
-        model: a zoo model without LoRA and not yet quantized.
+        model: a zoo model without LoRA, not yet quantized (or quantized in `mode` already, as
+            `zoo.hub.load(..., quantize=mode)` builds it: then nothing changes).
         mode: "int8" or "int4".
 
     Returns:
@@ -303,16 +305,59 @@ def quantize_base(model, mode) -> list:
     if has_lora(model):
         raise ValueError("Quantize the base before enable_lora(): the adapters train on top of the quantized "
                          "kernels (merge_lora() first to quantize a merged model).")
-    if any(getattr(layer, "quantization_mode", None) for layer in model._flatten_layers()):
-        raise ValueError("This model is already quantized.")
-    head = classifier_head(model)
-
-    def frozen_base(layer):
-        return isinstance(layer, (keras.layers.Dense, keras.layers.Embedding)) and layer is not head
-
+    layers = quantizable(model)
+    modes = {layer.quantization_mode for layer in model._flatten_layers() if getattr(layer, "quantization_mode", None)}
+    if modes == {mode} and all(layer.quantization_mode == mode for layer in layers):
+        return [layer.path for layer in layers]  # built quantized and loaded (zoo.hub.load(..., quantize=mode))
+    if modes:
+        raise ValueError(f"This model is already quantized ({', '.join(sorted(modes))}).")
+    chosen = {id(layer) for layer in layers}
     release_scratch_graphs()  # else the replaced float kernels stay alive (zoo.ops.scratch_graphs)
     with collect_once():
-        model.quantize(config=config, filters=frozen_base, type_check=False)
+        model.quantize(config=config, filters=lambda layer: id(layer) in chosen, type_check=False)
     model._drop_compiled_functions()
     return [layer.path for layer in model._flatten_layers() if getattr(layer, "quantization_mode", None)]
 
+
+# The float variables of a layer Keras' quantize replaces, by the slot a checkpoint tensor fills.
+SLOTS = ("kernel", "embeddings", "reverse_embeddings")
+
+
+def quantize_into(layer, tensors: dict, mode):
+    """Fill a layer built quantized (`zoo.models.build(..., quantize=mode)`) from its float tensors, by
+    Keras' own quantizer: a float twin of the layer (its config, in the layer's source policy) takes the
+    tensors, `twin.quantize(mode)` runs exactly as `quantize_base` runs it on a float model, and the
+    twin's integer variables, scales and quantizers are copied into the layer. Only one layer's float
+    tensors exist at a time; the result is bitwise what quantizing the float model gives.
+
+    Args:
+        layer: a quantized `Dense` or (Reversible)Embedding.
+        tensors: slot -> array in Keras' layout ("kernel" [in, out]; "embeddings" [vocab, width];
+            "reverse_embeddings" [width, vocab], an untied head), in any float dtype.
+        mode: "int8" or "int4".
+    """
+    policy = layer.dtype_policy
+    if policy.quantization_mode != mode:
+        raise ValueError(f"Layer {layer.path} is {policy.name}, not built for {mode}.")
+    config = {**layer.get_config(), "dtype": policy._source_name}
+    config.pop("quantization_config", None)
+    for key in ("kernel_initializer", "embeddings_initializer"):
+        if key in config:
+            config[key] = "zeros"  # the tensors overwrite them: no random draw of a float copy
+    twin = type(layer).from_config(config)
+    twin.build(None if isinstance(layer, keras.layers.Embedding) else (layer._kernel.shape[0],))
+    for slot, array in tensors.items():  # cast in numpy: no TensorFlow copy beside the variable
+        variable = getattr(twin, slot)
+        variable.assign(array.astype(ml_dtypes.bfloat16 if variable.dtype == "bfloat16" else variable.dtype))
+        del array
+    twin.quantize(mode, type_check=False, config=quantization_config(mode))
+    if twin.dtype_policy.name != policy.name:
+        raise ValueError(f"Layer {layer.path} was built {policy.name}, but Keras quantizes it to "
+                         f"{twin.dtype_policy.name}.")
+    mine = {v.name: v for v in layer.weights}
+    for variable in twin.weights:
+        if variable.name != "bias":  # a float bias is loaded as is, beside the kernel
+            mine[variable.name].assign(variable)
+    for name, value in vars(twin).items():
+        if name == "quantization_config" or name.endswith("quantizer"):
+            object.__setattr__(layer, name, value)

@@ -30,7 +30,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from zoo import registry
+from zoo import lora, registry
 from zoo.files import atomic_path
 from zoo.hub import weights
 from zoo.hub.families import FAMILIES
@@ -221,7 +221,7 @@ def load_weights(model, folder, strict=True) -> list[str]:
 
 
 def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, tokenizer=True, adapter=None,
-         **overrides):
+         quantize=None, **overrides):
     """Build the zoo model a Hugging Face folder (or Hub repo id) describes and load its
     weights and tokenizer, so that published checkpoints train and serve in zoo.
 
@@ -235,6 +235,10 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
         name: a registered name the checkpoint must match in shape ("enc-mini").
         tokenizer: attach the folder's tokenizer (if any) as `model.tokenizer`.
         adapter: a PEFT LoRA adapter folder to load on top (`zoo.hub.peft.load_adapter`).
+        quantize: "int8" | "int4": a frozen base stored as Keras stores a quantized one
+            (`zoo.lora.quantize_base`, bitwise the same). A decoder is built quantized and each
+            kernel quantized as its tensor arrives (`zoo.lora.quantize_into`): no float copy of the
+            model at any moment. An encoder loads in float first, then quantizes.
         **overrides: spec fields that do not change weight shapes (`dropout=0.0`),
             or `num_classes` for a classifier.
 
@@ -267,9 +271,17 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
         task_args["num_classes"] = overrides.pop("num_classes", task_args.get("num_classes", 2))
     elif task_args and task != own_task:
         task_args = {}
-    model = build(spec.replace(**overrides) if overrides else spec, task=task, checkpointing=checkpointing,
-                  dtype=dtype, **task_args)
-    load_weights(model, folder)
+    spec = spec.replace(**overrides) if overrides else spec
+    streamed = quantize is not None and spec.is_decoder  # its weight map names each quantized layer's tensors
+    model = build(spec, task=task, checkpointing=checkpointing, dtype=dtype,
+                  quantize=quantize if streamed else None, **task_args)
+    if streamed:
+        with lora.collect_once():  # each twin's quantize deletes its float kernel (Layer.__delattr__ collects)
+            weights.load_into(model, folder, _family_of(model))
+    else:
+        load_weights(model, folder)
+        if quantize is not None:
+            lora.quantize_base(model, quantize)
     if adapter is not None:
         load_adapter(model, adapter)
     if tokenizer:

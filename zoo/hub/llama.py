@@ -8,7 +8,7 @@ family means adding a module with the same names (see `zoo/hub/__init__.py`).
 from __future__ import annotations
 
 from zoo.hub.config import decoder_config, decoder_sizes
-from zoo.hub.weights import Entry, dense, norm
+from zoo.hub.weights import Entry, dense, embedding, norm
 from zoo.models import block_projections
 from zoo.registry import ModelSpec
 from zoo.shapes import HF_BLOCKS
@@ -150,7 +150,7 @@ def weight_map(model) -> list[Entry]:
     'embed_tokens.weight'
     """
     backbone = getattr(model, "backbone", model)
-    entries = [Entry("embed_tokens.weight", backbone.token_embedding.embeddings)]
+    entries = [embedding("embed_tokens.weight", backbone.token_embedding)]
     family = backbone.spec.family
     for i, block in enumerate(backbone.blocks):
         p, att = HF_BLOCKS[family].format(i), block.attention
@@ -167,5 +167,5 @@ def weight_map(model) -> list[Entry]:
     entries += norm("norm", backbone.final_norm)
     if model is not backbone and not backbone.spec.tie_embeddings:
         # ReversibleEmbedding keeps the untied head as [hidden, vocab]; Hugging Face lm_head is [vocab, hidden].
-        entries.append(Entry("lm_head.weight", backbone.token_embedding.reverse_embeddings, True, "lm_head"))
+        entries.append(embedding("lm_head.weight", backbone.token_embedding, "lm_head", reverse=True))
     return entries

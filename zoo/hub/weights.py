@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from zoo import lora
+
 log = logging.getLogger("zoo.hub")
 
 WEIGHTS = "model.safetensors"
@@ -37,6 +39,11 @@ class Entry:
     transpose: bool = False
     group: str = "backbone"
     module: object = None
+    # A quantized layer's tensor (zoo.models.build(..., quantize=)): `variable` is None, and the tensor is
+    # the layer's float `slot` ("kernel", "embeddings", "reverse_embeddings"), which zoo.lora.quantize_into
+    # turns into the layer's integer variables. Reading a quantized kernel would unpack a kernel-sized copy.
+    layer: object = None
+    slot: str = None
 
     @property
     def parts(self) -> tuple:
@@ -58,12 +65,27 @@ class Entry:
             v.assign(cast(part.T if self.transpose else part, v.dtype))
 
 
+def _quantized(layer, key, slot, transpose, group, module=None):
+    """A quantized layer's entry (`Entry.layer`), or None for a float layer."""
+    if not getattr(layer, "quantization_mode", None):
+        return None
+    return Entry(key, None, transpose, group, module=module, layer=layer, slot=slot)
+
+
 def dense(prefix, layer, group="backbone") -> list[Entry]:
     """The entries of a Keras `Dense` stored as a Hugging Face `Linear` (weight transposed, then bias)."""
-    entries = [Entry(f"{prefix}.weight", layer.kernel, True, group, module=layer)]
+    entries = [_quantized(layer, f"{prefix}.weight", "kernel", True, group, layer)
+               or Entry(f"{prefix}.weight", layer.kernel, True, group, module=layer)]
     if layer.use_bias:
         entries.append(Entry(f"{prefix}.bias", layer.bias, False, group))
     return entries
+
+
+def embedding(key, layer, group="backbone", reverse=False) -> Entry:
+    """The entry of an embedding's table, or of a ReversibleEmbedding's untied head (`reverse`: Keras
+    [hidden, vocab], Hugging Face `lm_head` [vocab, hidden])."""
+    slot = "reverse_embeddings" if reverse else "embeddings"
+    return _quantized(layer, key, slot, reverse, group) or Entry(key, getattr(layer, slot), reverse, group)
 
 
 def norm(prefix, layer, group="backbone") -> list[Entry]:
@@ -84,6 +106,11 @@ def hf_name(entry: Entry, family, task: str) -> str:
 
 def hf_shape(entry: Entry) -> tuple:
     """The entry's shape as the Hugging Face file holds it (a Dense kernel's transposed, fused parts stacked)."""
+    if entry.layer is not None:  # the float shape, not the integer variable's (int4 packs two to a byte)
+        layer = entry.layer
+        if entry.slot == "kernel":
+            return (layer.units, layer._kernel.shape[0])
+        return (layer.input_dim, layer.output_dim)
     shapes = [tuple(v.shape)[::-1] if entry.transpose else tuple(v.shape) for v in entry.parts]
     return (sum(shape[0] for shape in shapes),) + shapes[0][1:]
 
@@ -180,7 +207,7 @@ def load_into(model, folder, family, strict=True) -> list[str]:
     fresh = []
     handles = {}
     try:
-        for entry in entries:
+        for entry in entries:  # every header first: refuse a missing, misshapen or non-float tensor by name
             if entry.key not in available:
                 if entry.group == "backbone" or entry.group in groups_present:
                     raise ValueError(
@@ -192,19 +219,56 @@ def load_into(model, folder, family, strict=True) -> list[str]:
             key, file = available[entry.key]
             if file not in handles:
                 handles[file] = safe_open(file, framework="numpy")
-            array = handles[file].get_tensor(key)
-            if tuple(array.shape) != hf_shape(entry):
-                raise ValueError(
-                    f"Shape mismatch for tensor {key!r}: the checkpoint has {tuple(array.shape)}, the model needs "
-                    f"{hf_shape(entry)}. Does config.json describe these weights?"
-                )
-            entry.assign(array)
-            del array
+            check_header(handles[file].get_slice(key), key, file, hf_shape(entry))
+        for group in _by_layer([e for e in entries if e.key in available]):
+            arrays = [handles[available[e.key][1]].get_tensor(available[e.key][0]) for e in group]
+            _assign(group, arrays)
+            del arrays
     finally:
         handles.clear()
     if fresh:
         log.warning("Not in the checkpoint, newly initialised: %s", ", ".join(fresh))
     return fresh
+
+
+FLOAT_DTYPES = ("F32", "BF16", "F16")  # safetensors' names of the dtypes a weight may be stored in
+
+
+def check_header(tensor, key, file, shape):
+    """Refuse a tensor whose header (read without its data) has another shape or a non-float dtype."""
+    found = tuple(tensor.get_shape())
+    if found != tuple(shape):
+        raise ValueError(f"Shape mismatch for tensor {key!r} in {Path(file).name}: the checkpoint has {found}, the "
+                         f"model needs {tuple(shape)}. Does config.json describe these weights?")
+    if tensor.get_dtype() not in FLOAT_DTYPES:
+        raise ValueError(f"Tensor {key!r} in {Path(file).name} is {tensor.get_dtype()}; a weight loads from "
+                         f"{', '.join(FLOAT_DTYPES)}. Is this a quantized checkpoint (zoo quantizes float weights "
+                         "itself: quantize='int4')?")
+
+
+def _by_layer(entries) -> list[list[Entry]]:
+    """The entries in loading order: each alone, but a quantized layer's together (an untied head's table
+    and reverse, which Keras quantizes in one call), where the first of them stands."""
+    groups, of_layer = [], {}
+    for entry in entries:
+        if entry.layer is None:
+            groups.append([entry])
+        elif id(entry.layer) in of_layer:
+            of_layer[id(entry.layer)].append(entry)
+        else:
+            of_layer[id(entry.layer)] = [entry]
+            groups.append(of_layer[id(entry.layer)])
+    return groups
+
+
+def _assign(group, arrays):
+    """Load one entry, or quantize one layer's tensors into it (zoo.lora.quantize_into, Keras' quantizer)."""
+    first = group[0]
+    if first.layer is None:
+        first.assign(arrays[0])
+        return
+    tensors = {e.slot: a.T if e.transpose else a for e, a in zip(group, arrays)}
+    lora.quantize_into(first.layer, tensors, first.layer.quantization_mode)
 
 
 def cast(array, dtype: str):

@@ -1,5 +1,7 @@
 """Model classes by family and task, and `build`, the one place a spec becomes a model."""
 
+import re
+
 import keras
 
 from zoo.models.decoder import DecoderBackbone, DecoderCausalLM
@@ -14,7 +16,7 @@ _DECODER_TASKS = {cls.task: cls for cls in (DecoderBackbone, DecoderCausalLM)}
 TASKS = {family: _DECODER_TASKS if family in DECODERS else _ENCODER_TASKS for family in FAMILIES}
 
 
-def build(spec: ModelSpec, task=None, checkpointing=None, dtype=None, **task_args) -> keras.Model:
+def build(spec: ModelSpec, task=None, checkpointing=None, dtype=None, quantize=None, **task_args) -> keras.Model:
     """Build the Keras model for `spec` and `task`, with random weights.
 
     Args:
@@ -23,6 +25,10 @@ def build(spec: ModelSpec, task=None, checkpointing=None, dtype=None, **task_arg
             "causal_lm" (decoders). None: the family's default.
         checkpointing: "none", "full" or "selective" (`True` = "full").
         dtype: a Keras dtype policy name from `PRECISIONS`; None: the global policy.
+        quantize: "int8" | "int4": every `quantizable` layer is built quantized (Keras' own integer
+            variables, from a dtype policy per layer path), with no float kernel at any moment. Its
+            integer variables hold zeros until a checkpoint is quantized into them, layer by layer
+            (`zoo.hub.load(..., quantize=)`); for random weights, build float and `zoo.lora.quantize_base`.
         **task_args: the task's own arguments (`num_classes` for "classifier").
 
     Returns:
@@ -42,7 +48,43 @@ def build(spec: ModelSpec, task=None, checkpointing=None, dtype=None, **task_arg
     if task_args and task != "classifier":
         raise ValueError(f"{sorted(task_args)} only apply to task='classifier', not {task!r}.")
     dtype = dtype or keras.config.dtype_policy().name
-    return classes[task](spec, checkpointing=policy, dtype=dtype, **task_args)
+    if quantize is None:
+        return classes[task](spec, checkpointing=policy, dtype=dtype, **task_args)
+    policies = quantized_policies(spec, task, dtype, quantize, **task_args)
+    model = classes[task](spec, checkpointing=policy, dtype=policies, **task_args)
+    # Each layer keeps its own policy, not the shared map: what a model quantized after building has.
+    for layer in model._flatten_layers(include_self=True):
+        if isinstance(layer._dtype_policy, keras.dtype_policies.DTypePolicyMap):
+            layer._dtype_policy = policies[layer.path] if layer.path else policies.default_policy
+    model._zoo_dtype = dtype
+    return model
+
+
+def quantizable(model) -> list:
+    """The layers a frozen base quantizes: every `Dense` and embedding (so a tied LM head; an untied
+    head, BERT's segment embedding) but a new classifier head, which trains in full. Position
+    embeddings (keras-hub's PositionEmbedding) and norms stay float."""
+    head = classifier_head(model)
+    return [layer for layer in model._flatten_layers(include_self=False)
+            if isinstance(layer, (keras.layers.Dense, keras.layers.Embedding)) and layer is not head]
+
+
+def quantized_policies(spec, task, dtype, mode, **task_args):
+    """A Keras `DTypePolicyMap`: `mode`'s policy ("int4/128_from_float32", what `Model.quantize` with
+    zoo.lora's config gives) at the path of every `quantizable` layer, `dtype` elsewhere. The paths
+    are read off a copy of the model shrunk to 2 blocks and tiny widths (block indices generalised):
+    layer names do not depend on sizes."""
+    tiny = {"num_layers": min(spec.num_layers, 2), "hidden_dim": 8, "num_heads": 2, "intermediate_dim": 8,
+            "vocab_size": 16, "num_kv_heads": 1 if spec.num_kv_heads != spec.num_heads else 2,
+            "head_dim": None if spec.head_dim == spec.hidden_dim // spec.num_heads else 4,
+            "sliding_window": spec.sliding_window and min(spec.sliding_window, 4)}
+    small = TASKS[spec.family][task](spec.replace(**tiny), dtype=dtype, **task_args)
+    suffix = "/128" if mode == "int4" else ""  # zoo.lora.quantization_config: int4 blocks of 128
+    quantized = keras.dtype_policies.get(f"{mode}{suffix}_from_{dtype}")
+    policies = keras.dtype_policies.DTypePolicyMap(default_policy=dtype)
+    for path in sorted({re.sub(r"block_\d+", r"block_\\d+", re.escape(layer.path)) for layer in quantizable(small)}):
+        policies[path] = quantized
+    return policies
 
 
 # Where each projection role's Dense sits in a transformer block (zoo.layers.block): (sublayer, attribute).
@@ -87,5 +129,5 @@ def classifier_head(model):
 
 __all__ = [
     "TASKS", "DecoderBackbone", "DecoderCausalLM", "EncoderBackbone", "EncoderClassifier", "EncoderMaskedLM",
-    "block_projections", "build", "classifier_head", "hf_projections",
+    "block_projections", "build", "classifier_head", "hf_projections", "quantizable", "quantized_policies",
 ]

@@ -1,0 +1,105 @@
+"""Loading straight into int8 / int4, tensor by tensor (issue 36): `zoo.hub.load(..., quantize=)` builds the
+decoder quantized and quantizes each kernel as its tensor arrives, with Keras' own quantizer per layer."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from safetensors.numpy import load_file, save_file
+
+import zoo
+from tests.common import TINY_DEC
+from zoo import hub, lora
+from zoo.hub import weights
+
+
+def checkpoint(folder, shard=None, tied=False, **shape):
+    """A bfloat16 Llama checkpoint with random weights (sharded at `shard` bytes)."""
+    model = zoo.get("dec-1b", dtype="bfloat16", **{**TINY_DEC, "tie_embeddings": tied, **shape})
+    rng = np.random.default_rng(0)
+    for v in model.weights:
+        v.assign((rng.normal(size=v.shape) * 0.05).astype("float32"))
+    return hub.save(model, folder, max_shard_size=shard)
+
+
+def assert_same_model(a, b):
+    wa, wb = {v.path: v for v in a.weights}, {v.path: v for v in b.weights}
+    assert set(wa) == set(wb)
+    for path in wa:
+        assert wa[path].dtype == wb[path].dtype, path
+        np.testing.assert_array_equal(np.asarray(wa[path]), np.asarray(wb[path]), err_msg=path)
+    policies = [{layer.path: layer.dtype_policy.name for layer in model._flatten_layers(include_self=False)}
+                for model in (a, b)]
+    assert policies[0] == policies[1]
+
+
+@pytest.mark.parametrize("mode, tied, dtype", [("int4", False, "mixed_bfloat16"), ("int8", True, "float32")])
+def test_sharded_bfloat16_into_int4_equals_whole_then_quantized(tmp_path, mode, tied, dtype):
+    sharded = checkpoint(tmp_path / "sharded", shard=30_000, tied=tied)
+    whole = checkpoint(tmp_path / "whole", tied=tied)
+    assert (sharded / weights.INDEX).is_file() and len(list(sharded.glob("*.safetensors"))) > 3
+    spec = zoo.spec("dec-1b").replace(**TINY_DEC, tie_embeddings=tied)
+    streamed = zoo.get(spec, weights=sharded, quantize=mode, dtype=dtype, tokenizer=False)
+    reference = hub.load(whole, dtype=dtype, tokenizer=False)
+    lora.quantize_base(reference, mode)
+    assert_same_model(streamed, reference)
+    assert lora.quantize_base(streamed, mode)  # already quantized in this mode: nothing changes (zoo train)
+    x = {"token_ids": np.arange(10, dtype="int32")[None] % 128, "padding_mask": np.ones((1, 10), "int32")}
+    np.testing.assert_array_equal(np.asarray(streamed(x)["logits"]), np.asarray(reference(x)["logits"]))
+    for model in (streamed, reference):  # QLoRA trains on either the same way
+        lora.enable_lora(model, rank=4, alpha=8, targets="all-linear")
+    for mine, theirs in zip(streamed.trainable_variables, reference.trainable_variables):
+        mine.assign(theirs)  # the same adapters (Keras draws A afresh per layer)
+    tapes = []
+    for model in (streamed, reference):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x)["logits"] ** 2)
+        tapes.append([np.asarray(g) for g in tape.gradient(loss, model.trainable_variables)])
+    for ga, gb in zip(*tapes):
+        np.testing.assert_array_equal(ga, gb)
+
+
+def test_loading_peak_is_the_quantized_model_and_one_layer(tmp_path):
+    """Scaled so that a float32 copy of the model (4 B/param) would stand far above the bound. The largest
+    layer is the untied head's ReversibleEmbedding, whose table and reverse Keras quantizes in one call."""
+    shape = dict(vocab_size=4096, hidden_dim=256, num_heads=4, num_kv_heads=2, intermediate_dim=1024, num_layers=8)
+    folder = checkpoint(tmp_path / "ckpt", shard=2**20, **shape)
+    spec = zoo.spec("dec-1b").replace(**{**TINY_DEC, **shape, "tie_embeddings": False})
+    largest = 2 * spec.vocab_size * spec.hidden_dim  # floats of the largest layer's tensors
+    hub.load(folder, quantize="int4", tokenizer=False)  # once unmeasured: TensorFlow's first-call allocations
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    start = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    model = hub.load(folder, quantize="int4", tokenizer=False)
+    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - start
+    quantized = sum(v.numpy().nbytes for v in model.weights)
+    # The float32 twin of one layer, and half as much again for Keras' quantizer working on it; 1 MiB for the rest.
+    bound = quantized + 1.5 * 4 * largest + 2**20
+    assert peak <= bound, (peak, quantized, largest)
+    assert bound < 0.5 * 4 * spec.num_params(), (bound, spec.num_params())
+
+
+def corrupt(folder, key, array):
+    """Rewrite the shard that holds `key` with `array` in its place."""
+    shard = folder / json.loads((folder / weights.INDEX).read_text())["weight_map"][key]
+    tensors = load_file(shard)
+    tensors[key] = array
+    save_file(tensors, shard, metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("bad", ["shape", "dtype"])
+def test_a_bad_tensor_in_one_shard_is_refused_by_name_and_nothing_is_half_loaded(tmp_path, bad):
+    folder = checkpoint(tmp_path / "ckpt", shard=30_000)
+    key = "model.layers.1.mlp.down_proj.weight"
+    good = load_file(folder / json.loads((folder / weights.INDEX).read_text())["weight_map"][key])[key]
+    corrupt(folder, key, good[:, :-1] if bad == "shape" else good.astype(np.int32))
+    message = "Shape mismatch for tensor" if bad == "shape" else "is I32"
+    with pytest.raises(ValueError, match=f"{message}.*|.*{key}") as error:
+        hub.load(folder, quantize="int4", tokenizer=False)
+    assert key in str(error.value) and message in str(error.value)
+    mine = zoo.get("dec-1b", **TINY_DEC, tie_embeddings=False)  # a model the user keeps
+    before = [np.asarray(v).copy() for v in mine.weights]
+    with pytest.raises(ValueError, match=message):
+        hub.load_weights(mine, folder)
+    for old, v in zip(before, mine.weights):  # every header is read before any tensor is assigned
+        np.testing.assert_array_equal(old, np.asarray(v))
