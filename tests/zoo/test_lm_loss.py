@@ -212,3 +212,22 @@ def test_a_loss_the_chunked_loss_does_not_compute():
     model.set_loss_chunk(None)
     with pytest.warns(UserWarning, match="whole float32 \\[batch, sequence, vocab\\] logits"):
         assert not model.loss_from_backbone()
+
+
+def test_evaluate_makes_the_loss_chunk_by_chunk_and_equals_whole_logits():
+    """Validation (`evaluate`, fit's val_loss) takes the chunked loss too, with no gradient, and
+    gives Keras' whole-logits figures: the loss with per-token weights, and the metrics."""
+    model = decoder(tied=True)
+    rng = np.random.default_rng(3)
+    x = {"token_ids": rng.integers(0, VOCAB, (BATCH, 16)).astype("int32"),
+         "padding_mask": np.ones((BATCH, 16), "int32")}
+    y, w = rng.integers(0, VOCAB, (BATCH, 16)).astype("int32"), rng.uniform(0, 2, (BATCH, 16)).astype("float32")
+    results = {}
+    for chunk in (4, 0):
+        model.compile(loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
+                      metrics=["accuracy"])
+        model.set_loss_chunk(chunk)
+        assert model.loss_from_backbone() == bool(chunk)
+        results[chunk] = model.evaluate(x, y, sample_weight=w, verbose=0, return_dict=True)
+    np.testing.assert_allclose(results[4]["loss"], results[0]["loss"], rtol=1e-6)
+    assert results[4]["accuracy"] == results[0]["accuracy"]

@@ -49,6 +49,10 @@ def check_exportable(model):
             f"{type(model).__name__} {getattr(model, 'name', '')!r} is not a zoo model (it has no `spec`); "
             "export models built by zoo.get(...) or loaded from a .keras file saved from one."
         )
+    if getattr(model, "packed", False):
+        raise ValueError(f"{model.name!r} is set to train on packed rows (set_packed(True)), whose padding_mask "
+                         "numbers documents; a served graph takes 0/1 padding masks. Call model.set_packed(False) "
+                         "first (a saved run loads unpacked).")
 
 
 def mask_count(sequence_length):

@@ -199,17 +199,26 @@ class ZooModel(keras.Model):
             return step.backbone_step(self, data)
         return super().train_step(data)
 
+    def test_step(self, data):
+        """Evaluation (`evaluate`, `fit`'s validation) makes the loss as training does: from the
+        backbone's outputs where the model has such a loss (the chunked loss never makes the whole
+        [B, S, vocab] logits), otherwise Keras' own step."""
+        if self.loss_from_backbone():
+            return step.backbone_test_step(self, data)
+        return super().test_step(data)
+
     def loss_from_backbone(self) -> bool:
         """Whether `training_loss` makes the loss from the backbone's outputs without this
         model's whole output (DecoderCausalLM's chunked loss)."""
         return False
 
-    def training_loss(self, backbone_outputs, x, y, sample_weight):
-        """(loss, outputs) of one training batch, from the backbone's outputs: the compiled
-        loss of `task_head`'s outputs. The fused update and `backbone_step` call it; outputs
-        are None where the loss updated the metrics itself."""
-        y_pred = self.task_head(backbone_outputs, x, training=True)
-        return self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True), y_pred
+    def training_loss(self, backbone_outputs, x, y, sample_weight, training=True):
+        """(loss, outputs) of one batch, from the backbone's outputs: the compiled loss of
+        `task_head`'s outputs. The fused update, `backbone_step` and (training=False)
+        `backbone_test_step` call it; outputs are None where the loss updated the metrics itself."""
+        y_pred = self.task_head(backbone_outputs, x, training=training)
+        loss = self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
+        return loss, y_pred
 
     def _drop_compiled_functions(self):
         for attr in ("train_function", "test_function", "predict_function"):

@@ -99,12 +99,12 @@ class DecoderCausalLM(ZooModel):
                       "SparseCategoricalCrossentropy(from_logits=True) to keep one chunk of them.", stacklevel=2)
         return False
 
-    def training_loss(self, backbone_outputs, x, y, sample_weight):
+    def training_loss(self, backbone_outputs, x, y, sample_weight, training=True):
         if not self.loss_from_backbone():
-            return super().training_loss(backbone_outputs, x, y, sample_weight)
+            return super().training_loss(backbone_outputs, x, y, sample_weight, training)
         y = y["logits"] if isinstance(y, dict) else y
         loss = chunked_lm_loss(backbone_outputs["sequence_output"], self.lm_logits, y, self.loss_chunk,
-                               sample_weight, on_chunk=self._update_metrics)
+                               sample_weight, on_chunk=self._update_metrics, gradients=training)
         return loss, None
 
     def _update_metrics(self, labels, logits, weights):

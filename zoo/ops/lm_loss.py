@@ -47,7 +47,7 @@ def _head_variables(head, hidden):
     return list(variables.values()), vocab
 
 
-def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, on_chunk=None):
+def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, on_chunk=None, gradients=True):
     """Mean token cross-entropy of `head(hidden)` against `labels`, a chunk of positions at a time.
 
     Args:
@@ -61,6 +61,7 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, o
         on_chunk: optional `f(labels, logits, weights)` called with each chunk's [B, c] labels,
             float32 [B, c, vocab] logits and [B, c] weights (or None), e.g. to update metrics; the
             tensors it returns are done before the next chunk starts.
+        gradients: False (evaluation) makes each chunk's loss only, with no gradient.
 
     Returns:
         A float32 scalar, differentiable w.r.t. `hidden` and the head's variables.
@@ -86,6 +87,19 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, o
         if weights.shape.rank == 1:  # one weight per row, as Keras' losses take it
             weights = weights[:, None]
         weights = tf.broadcast_to(weights, tf.shape(labels))
+
+    if not gradients:  # evaluation: the same chunks, one after another, and no gradient made
+        total, previous = tf.constant(0.0), ()
+        for start in range(0, seq, c):
+            h_i = after(hidden[:, start:start + c], *previous)
+            logits = tf.cast(head(h_i), tf.float32)
+            labels_i = labels[:, start:start + c]
+            weights_i = None if weights is None else weights[:, start:start + c]
+            per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels_i, logits=logits)
+            total += tf.reduce_sum(per if weights_i is None else per * weights_i)
+            seen = tuple(on_chunk(labels_i, logits, weights_i) or ()) if on_chunk is not None else ()
+            previous = (total, *seen)
+        return total * scale
 
     # The chunks' gradients are made in the forward pass, before Keras' loss scale is known. In
     # float16, d hidden of a mean over B·S positions would underflow there: it is made for a loss

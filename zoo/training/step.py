@@ -67,3 +67,13 @@ def backbone_step(model, data):
     weights = model.trainable_weights
     model.optimizer.apply_gradients(zip(tape.gradient(scaled, weights), weights))
     return metrics(model, x, y, y_pred, sample_weight)
+
+
+def backbone_test_step(model, data):
+    """Keras' test_step, with the loss from `model.training_loss(..., training=False)` on the
+    backbone's outputs (the chunked loss: no whole logits in validation either)."""
+    x, y, sample_weight = unpack(model, data)
+    outputs = model.backbone({name: x[name] for name in model.backbone.input}, training=False)
+    loss, y_pred = model.training_loss(outputs, x, y, sample_weight, training=False)
+    track_loss(model, x, loss)
+    return metrics(model, x, y, y_pred, sample_weight)
