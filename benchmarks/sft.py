@@ -120,8 +120,9 @@ def _memory(a):
     return {"benchmark": "sft_memory", "budget_gib": budget / GiB, "results": rows}
 
 
-def _held_out_loss(model, recipe, folder, data, every):
-    """Mean assistant-token cross-entropy of `model` on the held-out rows (every `every`-th)."""
+def _held_out_loss(model, recipe, folder, data, every, batches=8):
+    """The held-out loss as `fit` reports val_loss for the run (recipes.sft): the mean over the first
+    `batches` validation batches of each batch's mean assistant-token cross-entropy."""
     import keras
 
     from recipes import sft_data
@@ -132,9 +133,8 @@ def _held_out_loss(model, recipe, folder, data, every):
     held = [n for n in range(1, len(rows) + 1) if (n - 1) % every == 0]
     examples, _ = sft_data.examples(kind, rows, chat.template, chat.tokenizer, recipe.sequence_length, numbers=held)
     model.compile(loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)})
-    batches = list(sft_data.batches(examples, recipe, training=False))
-    total = sum(float(model.evaluate(x, y, sample_weight=w, verbose=0)) * (w > 0).sum() for x, y, w in batches)
-    return total / sum(int((w > 0).sum()) for _, _, w in batches)
+    first = [b for _, b in zip(range(batches), sft_data.batches(examples, recipe, training=False))]
+    return sum(float(model.evaluate(x, y, sample_weight=w, verbose=0)) for x, y, w in first) / len(first)
 
 
 def _real(a):
