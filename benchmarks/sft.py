@@ -132,6 +132,7 @@ def _held_out_loss(model, recipe, folder, data, every, batches=8):
     kind, rows = sft_data.read_rows(data)
     held = [n for n in range(1, len(rows) + 1) if (n - 1) % every == 0]
     examples, _ = sft_data.examples(kind, rows, chat.template, chat.tokenizer, recipe.sequence_length, numbers=held)
+    model.set_packed(recipe.packing)  # the validation rows are packed as the run's are
     model.compile(loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)})
     first = [b for _, b in zip(range(batches), sft_data.batches(examples, recipe, training=False))]
     return sum(float(model.evaluate(x, y, sample_weight=w, verbose=0)) for x, y, w in first) / len(first)
