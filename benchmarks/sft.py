@@ -147,7 +147,7 @@ def _real(a):
     out = work / "run"
     recipe = recipes.get("sft", weights=str(folder)).replace(sequence_length=a.sequence_length,
                                                              batch_size=a.batch_size, packing=True)
-    before = _held_out_loss(zoo.hub.load(str(folder)), recipe, folder, data, a.validation_every)
+    before = _held_out_loss(zoo.hub.load(str(folder), dtype=a.precision), recipe, folder, data, a.validation_every)
     print(f"held-out assistant-token loss before: {before:.4f}", flush=True)
     command = _train_flags(a, folder, data, out, packing=True)
     print("zoo " + " ".join(map(str, command)), flush=True)
