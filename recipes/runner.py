@@ -197,7 +197,7 @@ def choose_auto(recipe) -> Recipe:
         task=recipe.task, optimizer=recipe.optimizer, configs=configs, accumulation_steps=recipe.accumulation_steps,
         weights_dtype=recipe.weights_dtype,
         loss_chunk=recipe.loss_chunk if recipe.task == "causal_lm" else None,
-        lora_rank=recipe.lora_rank, lora_targets=recipe.targets, quantize=recipe.quantize,
+        lora_rank=recipe.lora_rank, lora_targets=recipe.targets, quantize=recipe.quantize, packed=recipe.packing,
     )
     policy, _, fused = config.partition("+")
     print(f"checkpointing='auto': {config} (estimated {estimate.total / zoo.memory.GiB:.2f} GiB of a "
