@@ -22,7 +22,7 @@ import ml_dtypes
 from keras import ops
 
 from zoo import checks
-from zoo.checks import QUANTIZATION_MODES
+from zoo.checks import QUANTIZATION_MODES, QUANTIZE_SLICE
 from zoo.models import classifier_head, hf_projections, quantizable
 from zoo.ops.scratch_graphs import release_scratch_graphs
 from zoo.shapes import LORA_DEFAULT_TARGETS, variables
@@ -327,37 +327,74 @@ def quantize_into(layer, tensors: dict, mode):
     """Fill a layer built quantized (`zoo.models.build(..., quantize=mode)`) from its float tensors, by
     Keras' own quantizer: a float twin of the layer (its config, in the layer's source policy) takes the
     tensors, `twin.quantize(mode)` runs exactly as `quantize_base` runs it on a float model, and the
-    twin's integer variables, scales and quantizers are copied into the layer. Only one layer's float
-    tensors exist at a time; the result is bitwise what quantizing the float model gives.
+    twin's integer variables, scales and quantizers are copied into the layer. A layer above
+    `QUANTIZE_SLICE` floats goes through twins of a slice of its tokens (embeddings: rows of the table,
+    columns of an untied head's reverse) or outputs (a kernel's columns, an even number: int4 packs
+    pairs of them), which Keras quantizes each on its own (per-row / per-column scales, blocks along
+    the other axis), so the result is bitwise what quantizing the float model gives.
 
     Args:
         layer: a quantized `Dense` or (Reversible)Embedding.
-        tensors: slot -> array in Keras' layout ("kernel" [in, out]; "embeddings" [vocab, width];
-            "reverse_embeddings" [width, vocab], an untied head), in any float dtype.
+        tensors: slot -> the float tensor in Keras' layout ("kernel" [in, out]; "embeddings" [vocab, width];
+            "reverse_embeddings" [width, vocab], an untied head), in any float dtype; or a function
+            `(begin, end) -> that tensor's slice` (tokens or outputs begin:end, Keras' layout), so that
+            only a slice is ever read (zoo.hub.weights reads the checkpoint's rows begin:end).
         mode: "int8" or "int4".
     """
     policy = layer.dtype_policy
     if policy.quantization_mode != mode:
         raise ValueError(f"Layer {layer.path} is {policy.name}, not built for {mode}.")
-    config = {**layer.get_config(), "dtype": policy._source_name}
+    embedding = isinstance(layer, keras.layers.Embedding)
+    size, other = (layer.input_dim, layer.output_dim) if embedding else (layer.units, layer._kernel.shape[0])
+    step = max(2, QUANTIZE_SLICE // (other * len(tensors)) // 2 * 2)
+    mine = {v.name: v for v in layer.weights}
+    offsets = dict.fromkeys(mine, 0)
+    reads = {slot: tensor if callable(tensor) else _slicer(slot, tensor) for slot, tensor in tensors.items()}
+    for begin in range(0, size, step):
+        end = min(begin + step, size)
+        twin = _quantized_twin(layer, mode, end - begin, {slot: read(begin, end) for slot, read in reads.items()})
+        for variable in twin.weights:
+            if variable.name != "bias":  # a float bias is loaded as is, beside the kernel
+                offsets[variable.name] = _assign_part(mine[variable.name], variable, offsets[variable.name])
+    for name, value in vars(twin).items():
+        if name == "quantization_config" or name.endswith("quantizer"):
+            object.__setattr__(layer, name, value)
+
+
+def _slicer(slot, array):
+    """(begin, end) -> tokens / outputs begin:end of an array in Keras' layout (the table's rows, else columns)."""
+    return (lambda begin, end: array[begin:end]) if slot == "embeddings" else (lambda begin, end: array[:, begin:end])
+
+
+def _quantized_twin(layer, mode, size, tensors):
+    """A float copy of `layer` (`size` tokens or outputs) holding `tensors`, quantized by Keras."""
+    policy = layer.dtype_policy
+    embedding = isinstance(layer, keras.layers.Embedding)
+    config = {**layer.get_config(), "dtype": policy._source_name, "input_dim" if embedding else "units": size}
     config.pop("quantization_config", None)
     for key in ("kernel_initializer", "embeddings_initializer"):
         if key in config:
             config[key] = "zeros"  # the tensors overwrite them: no random draw of a float copy
     twin = type(layer).from_config(config)
-    twin.build(None if isinstance(layer, keras.layers.Embedding) else (layer._kernel.shape[0],))
+    twin.build(None if embedding else (layer._kernel.shape[0],))
     for slot, array in tensors.items():  # cast in numpy: no TensorFlow copy beside the variable
         variable = getattr(twin, slot)
         variable.assign(array.astype(ml_dtypes.bfloat16 if variable.dtype == "bfloat16" else variable.dtype))
-        del array
     twin.quantize(mode, type_check=False, config=quantization_config(mode))
     if twin.dtype_policy.name != policy.name:
         raise ValueError(f"Layer {layer.path} was built {policy.name}, but Keras quantizes it to "
                          f"{twin.dtype_policy.name}.")
-    mine = {v.name: v for v in layer.weights}
-    for variable in twin.weights:
-        if variable.name != "bias":  # a float bias is loaded as is, beside the kernel
-            mine[variable.name].assign(variable)
-    for name, value in vars(twin).items():
-        if name == "quantization_config" or name.endswith("quantizer"):
-            object.__setattr__(layer, name, value)
+    return twin
+
+
+def _assign_part(target, part, offset) -> int:
+    """Write `part` into `target` where their shapes differ (the sliced axis) from `offset`; a variable the
+    slices share (int4's input order g_idx) is written whole. Returns the next offset on that axis."""
+    axes = [i for i, (a, b) in enumerate(zip(target.shape, part.shape)) if a != b]
+    if not axes:
+        target.assign(part)
+        return offset
+    axis, width = axes[0], part.shape[axes[0]]
+    index = tuple(slice(offset, offset + width) if i == axis else slice(None) for i in range(len(target.shape)))
+    target._value[index].assign(part.value)  # the tf.Variable under Keras': a slice written in place
+    return offset + width

@@ -35,7 +35,9 @@ def assert_same_model(a, b):
 
 
 @pytest.mark.parametrize("mode, tied, dtype", [("int4", False, "mixed_bfloat16"), ("int8", True, "float32")])
-def test_sharded_bfloat16_into_int4_equals_whole_then_quantized(tmp_path, mode, tied, dtype):
+def test_sharded_bfloat16_into_int4_equals_whole_then_quantized(tmp_path, monkeypatch, mode, tied, dtype):
+    """Layers quantized in slices of a few rows / columns (as an 8B model's embedding is) too."""
+    monkeypatch.setattr(lora, "QUANTIZE_SLICE", 1000)
     sharded = checkpoint(tmp_path / "sharded", shard=30_000, tied=tied)
     whole = checkpoint(tmp_path / "whole", tied=tied)
     assert (sharded / weights.INDEX).is_file() and len(list(sharded.glob("*.safetensors"))) > 3
@@ -77,6 +79,19 @@ def test_loading_peak_is_the_quantized_model_and_one_layer(tmp_path):
     bound = quantized + 1.5 * 4 * largest + 2**20
     assert peak <= bound, (peak, quantized, largest)
     assert bound < 0.5 * 4 * spec.num_params(), (bound, spec.num_params())
+    assert zoo.memory.loading_plan(spec, quantize="int4").model == quantized  # the planner's stored bytes
+
+
+def test_plan_prints_the_loading_peak_beside_the_step(capsys):
+    from zoo.cli import main
+
+    args = ["--lora-rank", "16", "--quantize", "int4", "--batch-size", "1", "--sequence-length", "2048",
+            "--checkpointing", "full", "--precision", "mixed_bfloat16", "--lora-targets", "all-linear"]
+    assert main(["plan", "llama3.1-8b", *args]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    plan = zoo.memory.loading_plan("llama3.1-8b", quantize="int4", precision="mixed_bfloat16")
+    assert last.startswith("auto: full (") and f"peak {plan.total / zoo.memory.GiB:.2f} GiB" in last
+    assert 4 * zoo.memory.GiB < plan.model < 4.2 * zoo.memory.GiB  # 8.03B parameters at about half a byte
 
 
 def corrupt(folder, key, array):

@@ -220,15 +220,42 @@ def load_into(model, folder, family, strict=True) -> list[str]:
             if file not in handles:
                 handles[file] = safe_open(file, framework="numpy")
             check_header(handles[file].get_slice(key), key, file, hf_shape(entry))
-        for group in _by_layer([e for e in entries if e.key in available]):
-            arrays = [handles[available[e.key][1]].get_tensor(available[e.key][0]) for e in group]
-            _assign(group, arrays)
-            del arrays
     finally:
         handles.clear()
+    for group in _by_layer([e for e in entries if e.key in available]):
+        if group[0].layer is None:
+            group[0].assign(read_tensor(*available[group[0].key]))
+        else:  # Keras' quantizer, a slice of the checkpoint's rows at a time (tokens, or a kernel's outputs)
+            layer = group[0].layer
+            lora.quantize_into(layer, {e.slot: rows(*available[e.key], e.transpose) for e in group},
+                               layer.quantization_mode)
     if fresh:
         log.warning("Not in the checkpoint, newly initialised: %s", ", ".join(fresh))
     return fresh
+
+
+def read_tensor(key, file):
+    """One tensor as a numpy array of its own. The file is opened for it alone: safetensors maps the file,
+    and every page read stays in the process's resident memory while the map is open (a whole checkpoint's
+    worth by the end, were the shards kept open)."""
+    from safetensors import safe_open
+
+    with safe_open(file, framework="numpy") as f:
+        return f.get_tensor(key)
+
+
+def rows(key, file, transpose):
+    """(begin, end) -> the tensor's rows begin:end (`transpose`: as the Keras variable's columns), read
+    alone (`read_tensor`). Hugging Face's rows are a table's tokens and a Linear's outputs: what
+    zoo.lora.quantize_into slices a layer by."""
+    from safetensors import safe_open
+
+    def read(begin, end):
+        with safe_open(file, framework="numpy") as f:
+            part = f.get_slice(key)[begin:end]
+        return part.T if transpose else part
+
+    return read
 
 
 FLOAT_DTYPES = ("F32", "BF16", "F16")  # safetensors' names of the dtypes a weight may be stored in
@@ -259,16 +286,6 @@ def _by_layer(entries) -> list[list[Entry]]:
             of_layer[id(entry.layer)] = [entry]
             groups.append(of_layer[id(entry.layer)])
     return groups
-
-
-def _assign(group, arrays):
-    """Load one entry, or quantize one layer's tensors into it (zoo.lora.quantize_into, Keras' quantizer)."""
-    first = group[0]
-    if first.layer is None:
-        first.assign(arrays[0])
-        return
-    tensors = {e.slot: a.T if e.transpose else a for e, a in zip(group, arrays)}
-    lora.quantize_into(first.layer, tensors, first.layer.quantization_mode)
 
 
 def cast(array, dtype: str):
