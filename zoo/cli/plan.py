@@ -2,7 +2,18 @@
 `checkpointing="auto"` picks under a budget, and the largest batch each one fits."""
 
 from zoo import checks
-from zoo.memory import CONFIGS, OPTIMIZERS, GiB, choose, default_budget, estimate, largest_batch, parse_bytes, replicas
+from zoo.memory import (
+    CONFIGS,
+    OPTIMIZERS,
+    GiB,
+    choose,
+    default_budget,
+    estimate,
+    largest_batch,
+    loading_plan,
+    parse_bytes,
+    replicas,
+)
 
 # The estimate's components in `MemoryEstimate.as_dict()` order, and how `total` adds them up
 # (`MemoryEstimate.total`): fused, the walk over the blocks holds one block's update temporaries and the
@@ -53,8 +64,17 @@ def _plan(args):
     if args.replicas > 1:
         print(REPLICA_FORMULA)
         _distribution(args, configs, most, fused_clip, options)
-    print(f"auto: {choice} ({e.total / GiB:.2f} GiB of {budget / GiB:.2f} GiB)")
+    loading = _loading(args, policy) if lora else ""
+    print(f"auto: {choice} ({e.total / GiB:.2f} GiB of {budget / GiB:.2f} GiB){loading}")
     return 0
+
+
+def _loading(args, policy) -> str:
+    """What loading the frozen base from a bfloat16 checkpoint peaks at, beside the step's figure."""
+    load = loading_plan(args.model, args.task, args.quantize, policy)
+    parts = ", ".join(f"{k} {v / GiB:.2f}G" for k, v in load.as_dict().items() if k != "total" and v)
+    into = f"into {args.quantize} " if args.quantize else ""
+    return f"; loading the base {into}(zoo.hub.load, bfloat16 checkpoint): peak {load.total / GiB:.2f} GiB ({parts})"
 
 
 def _distribution(args, configs, most, fused_clip, options):

@@ -1,7 +1,7 @@
 """The memory planner: what a training step will take, before anything is built (`estimate`),
-the configuration `checkpointing="auto"` picks under a budget (`choose`), and the largest batch
-that fits (`largest_batch`); `replicas.plan`: the same on N data-parallel replicas. docs/memory.md
-explains the model and its measurements."""
+the configuration `checkpointing="auto"` picks under a budget (`choose`), the largest batch that
+fits (`largest_batch`) and what loading a checkpoint peaks at (`loading_plan`); `replicas.plan`: the
+same on N data-parallel replicas. docs/memory.md explains the model and its measurements."""
 
 from zoo.memory import replicas
 from zoo.memory.budget import default_budget, parse_bytes
@@ -17,10 +17,11 @@ from zoo.memory.estimate import (
     optimizer_state_bytes,
     split_config,
 )
+from zoo.memory.loading import LoadingPlan, loading_peak, loading_plan
 from zoo.memory.optimizer_state import OPTIMIZERS, RECIPE_OPTIMIZERS
 
 __all__ = [
-    "CONFIGS", "MASKED_FRACTION", "OPTIMIZERS", "RECIPE_OPTIMIZERS", "GiB", "MemoryEstimate", "choose",
-    "default_budget", "estimate", "largest_batch", "loss_live_bytes", "optimizer_state_bytes", "parse_bytes",
-    "replicas", "split_config",
+    "CONFIGS", "MASKED_FRACTION", "OPTIMIZERS", "RECIPE_OPTIMIZERS", "GiB", "LoadingPlan", "MemoryEstimate",
+    "choose", "default_budget", "estimate", "largest_batch", "loading_peak", "loading_plan", "loss_live_bytes",
+    "optimizer_state_bytes", "parse_bytes", "replicas", "split_config",
 ]

@@ -1,0 +1,165 @@
+"""3B-8B on one machine (issue 36): loading a checkpoint straight into int8 / int4, and a QLoRA step.
+
+    python benchmarks/big_models.py load --model dec-1b --quantize int4          # + --old: float, then quantize
+    python benchmarks/big_models.py load --model llama3.1-8b --quantize int4
+    python benchmarks/big_models.py step --model llama3.2-3b --quantize int4 --batch 1 --seq 2048
+
+load: writes a checkpoint of the model's shape with random weights (sharded bfloat16 safetensors and its
+index, as Hugging Face writes them, from the weight map of a model built quantized, so the writer never
+holds the float model), then loads it in a fresh process with `zoo.hub.load(folder, quantize=)`: peak RSS
+(the kernel's high-water mark of that process), TensorFlow's allocator peak, the quantized model's bytes
+and seconds, beside `zoo.memory.loading_peak`'s plan. The folder is removed after. `--old` also runs
+the path before issue 36 (load in float, then `zoo.lora.quantize_base`) in another fresh process.
+
+step: one QLoRA step (LoRA r16 on every linear projection, `full` checkpointing, mixed_bfloat16, AdamW,
+global clip 1.0) on the checkpoint loaded into int4, timed, with the allocator peak against
+`zoo.memory.estimate`. Prints a table and one JSON line.
+"""
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import _harness
+from _harness import GiB
+
+SHARD = 2 * GiB
+
+
+def write_checkpoint(name, folder, shard=SHARD, seed=0) -> Path:
+    """A Hugging Face folder of `name`'s shape (causal LM) with random bfloat16 weights, written shard by shard."""
+    import ml_dtypes
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    import zoo
+    from zoo.hub import families, weights
+
+    spec = zoo.spec(name)
+    model = zoo.models.build(spec, task="causal_lm", quantize="int4")  # names and shapes, without float kernels
+    family = families.family_of(model)
+    entries = [(weights.hf_name(e, family, "causal_lm"), weights.hf_shape(e)) for e in family.weight_map(model)]
+    del model
+    folder = Path(folder)
+    folder.mkdir(parents=True)
+    config = zoo.hub.config_from_spec(spec, "causal_lm", dtype="bfloat16")
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    views = {key: np.broadcast_to(np.zeros((), ml_dtypes.bfloat16), shape) for key, shape in entries}
+    groups = weights.shards(views, shard)
+    rng = np.random.default_rng(seed)
+    index = {}
+    for i, keys in enumerate(groups, 1):
+        file = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {}
+        for key in keys:
+            shape = views[key].shape
+            if len(shape) == 1:  # norms
+                tensors[key] = np.ones(shape, ml_dtypes.bfloat16)
+            else:
+                tensors[key] = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(ml_dtypes.bfloat16)
+        save_file(tensors, folder / file, metadata={"format": "pt"})
+        del tensors
+        index.update({key: file for key in keys})
+    total = sum(v.nbytes for v in views.values())
+    (folder / weights.INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": index}))
+    return folder
+
+
+def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, slice_floats=None):
+    """One fresh process: load (`kind` "load" streamed, "old" float then quantize_base) or a QLoRA step."""
+    import tensorflow as tf
+
+    import zoo
+
+    if slice_floats:
+        zoo.lora.QUANTIZE_SLICE = slice_floats
+
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    start = time.perf_counter()
+    if kind == "old":
+        model = zoo.hub.load(folder, dtype=dtype, tokenizer=False)
+        zoo.lora.quantize_base(model, quantize)
+    else:
+        checkpointing = "full" if kind == "step" else None
+        model = zoo.hub.load(folder, dtype=dtype, tokenizer=False, quantize=quantize, checkpointing=checkpointing)
+    load_s = time.perf_counter() - start
+    out = {"load_s": load_s, "load_rss_gib": _harness.peak_rss_gib(),
+           "load_alloc_peak_gib": tf.config.experimental.get_memory_info("CPU:0")["peak"] / GiB,
+           "model_gib": sum(v.numpy().nbytes for v in model.weights) / GiB}
+    if kind != "step":
+        return out
+    import keras
+    from _training import synthetic_batch, train_steps
+
+    zoo.lora.enable_lora(model, rank=rank, alpha=2 * rank, targets="all-linear")
+    model.set_loss_chunk(1024)
+    model.compile(optimizer=keras.optimizers.AdamW(1e-4, global_clipnorm=1.0),
+                  loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, jit_compile=False)
+    x, y = synthetic_batch(name, batch, seq)
+    with _harness.PeakMemory() as mem:
+        times, _, losses = train_steps(model, x, y, 1)
+    return {**out, "alloc_peak_gib": mem.peak_gib, "step_mem_gib": mem.step_gib, "peak_rss_gib": mem.rss_gib,
+            "step_s": times[0], "losses": losses}
+
+
+def plan(name, quantize, dtype):
+    from zoo import memory
+
+    return memory.loading_peak(name, quantize=quantize, precision=dtype) / GiB
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=["load", "step"])
+    p.add_argument("--model", default="dec-1b")
+    p.add_argument("--quantize", default="int4", choices=["int8", "int4"])
+    p.add_argument("--dtype", default="mixed_bfloat16")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--old", action="store_true", help="also load in float, then quantize (before issue 36)")
+    p.add_argument("--folder", default=None, help="where to write the checkpoint (default: a temporary folder)")
+    p.add_argument("--slice", type=int, default=None, help="floats quantized at once (zoo.checks.QUANTIZE_SLICE)")
+    p.add_argument("--reuse", action="store_true", help="with --folder: keep the checkpoint, and reuse one there")
+    p.add_argument("--timeout", type=int, default=3600)
+    a = p.parse_args()
+
+    root = Path(a.folder or tempfile.mkdtemp(prefix="zoo-big-"))
+    folder = root / a.model
+    try:
+        start = time.perf_counter()
+        if not (a.reuse and (folder / "config.json").is_file()):
+            shutil.rmtree(folder, ignore_errors=True)
+            write_checkpoint(a.model, folder)
+        write_s = time.perf_counter() - start
+        size = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / GiB
+        print(f"{a.model}: wrote {size:.2f} GiB of bfloat16 safetensors in {write_s:.0f} s", flush=True)
+        kinds = ["step"] if a.what == "step" else (["load", "old"] if a.old else ["load"])
+        rows = {}
+        for kind in kinds:
+            run = _harness.run_child({"kind": kind, "name": a.model, "folder": str(folder), "quantize": a.quantize,
+                                      "dtype": a.dtype, "batch": a.batch, "seq": a.seq,
+                                      "slice_floats": a.slice}, timeout=a.timeout)
+            rows[kind] = {**run.result, "status": run.status if run.ok else f"{run.status}: {run.error}",
+                          "guard_rss_gib": run.peak_rss_bytes / GiB}
+            r = rows[kind]
+            print(f"{kind:5s} {r['status']}: load {r.get('load_s', 0):.0f} s, peak RSS {r.get('load_rss_gib', 0):.2f} "
+                  f"GiB, allocator peak {r.get('load_alloc_peak_gib', 0):.2f} GiB, model {r.get('model_gib', 0):.2f} "
+                  f"GiB" + (f"; step {r['step_s']:.0f} s, allocator peak {r['alloc_peak_gib']:.2f} GiB, "
+                            f"RSS {r['peak_rss_gib']:.2f} GiB" if "step_s" in r else ""), flush=True)
+        result = {"model": a.model, "quantize": a.quantize, "dtype": a.dtype, "checkpoint_gib": size, "rows": rows,
+                  "planned_loading_peak_gib": plan(a.model, a.quantize, a.dtype)}
+        print(f"planned loading peak {result['planned_loading_peak_gib']:.2f} GiB")
+        print(json.dumps(result))
+    finally:
+        if not a.reuse:
+            shutil.rmtree(folder, ignore_errors=True)
+        if a.folder is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    if not _harness.child_main(measure):
+        main()
