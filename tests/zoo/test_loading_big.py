@@ -14,9 +14,9 @@ from zoo import hub, lora
 from zoo.hub import weights
 
 
-def checkpoint(folder, shard=None, tied=False, **shape):
-    """A bfloat16 Llama checkpoint with random weights (sharded at `shard` bytes)."""
-    model = zoo.get("dec-1b", dtype="bfloat16", **{**TINY_DEC, "tie_embeddings": tied, **shape})
+def checkpoint(folder, shard=None, tied=False, name="dec-1b", **shape):
+    """A bfloat16 checkpoint of `name`'s family with random weights (sharded at `shard` bytes)."""
+    model = zoo.get(name, dtype="bfloat16", **{**TINY_DEC, "tie_embeddings": tied, **shape})
     rng = np.random.default_rng(0)
     for v in model.weights:
         v.assign((rng.normal(size=v.shape) * 0.05).astype("float32"))
@@ -34,14 +34,16 @@ def assert_same_model(a, b):
     assert policies[0] == policies[1]
 
 
-@pytest.mark.parametrize("mode, tied, dtype", [("int4", False, "mixed_bfloat16"), ("int8", True, "float32")])
-def test_sharded_bfloat16_into_int4_equals_whole_then_quantized(tmp_path, monkeypatch, mode, tied, dtype):
+@pytest.mark.parametrize("mode, tied, dtype, name", [("int4", False, "mixed_bfloat16", "dec-1b"),
+                                                     ("int8", True, "float32", "dec-1b"),
+                                                     ("int4", True, "float32", "qwen2.5-0.5b")])  # Q/K/V biases
+def test_sharded_bfloat16_into_int4_equals_whole_then_quantized(tmp_path, monkeypatch, mode, tied, dtype, name):
     """Layers quantized in slices of a few rows / columns (as an 8B model's embedding is) too."""
     monkeypatch.setattr(lora, "QUANTIZE_SLICE", 1000)
-    sharded = checkpoint(tmp_path / "sharded", shard=30_000, tied=tied)
-    whole = checkpoint(tmp_path / "whole", tied=tied)
+    sharded = checkpoint(tmp_path / "sharded", shard=30_000, tied=tied, name=name)
+    whole = checkpoint(tmp_path / "whole", tied=tied, name=name)
     assert (sharded / weights.INDEX).is_file() and len(list(sharded.glob("*.safetensors"))) > 3
-    spec = zoo.spec("dec-1b").replace(**TINY_DEC, tie_embeddings=tied)
+    spec = zoo.spec(name).replace(**TINY_DEC, tie_embeddings=tied)
     streamed = zoo.get(spec, weights=sharded, quantize=mode, dtype=dtype, tokenizer=False)
     reference = hub.load(whole, dtype=dtype, tokenizer=False)
     lora.quantize_base(reference, mode)
