@@ -1,0 +1,84 @@
+"""benchmarks/device_check.py, the check prepared for the first accelerator, cannot rot: its --quick mode runs
+on this CPU (tiny shapes) and passes, its exactness parts fail when a result is wrong, and its kernel-registry
+reading tells an op that has a GPU kernel from one that has none."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.common import REPO
+
+
+@pytest.fixture(scope="module")
+def device_check():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import device_check
+
+        yield device_check
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
+def test_quick_check_passes_on_the_cpu(tmp_path):
+    out = tmp_path / "device_check.json"
+    done = subprocess.run([sys.executable, "benchmarks/device_check.py", "--quick", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "| part | status | s | detail |" in done.stdout  # the table
+    report = json.loads(out.read_text())
+    results = {r["part"]: r for r in report["results"]}
+    assert {r["status"] for r in results.values()} <= {"ok", "skipped"}, results
+    assert all(results[p]["status"] == "ok" for p in ("environment", "kernels:held-masks", "exact:gradients-function",
+                                                      "exact:gradients-xla", "exact:held-masks",
+                                                      "placement:full-step", "placement:fused-step"))
+    masks = results["kernels:held-masks"]["detail"]
+    assert "Mul(T=uint64)" in masks["uint64_ops"] and "Bitcast(T=uint8,type=uint64)" in masks["ops"]
+    for name in ("placement:full-step", "placement:fused-step"):
+        placed = results[name]["detail"]
+        assert placed["device"] == "CPU:0" and placed["nodes_by_device"]["CPU"] > 100, placed["nodes_by_device"]
+    rows = [row for r in results.values() if r["part"].startswith("speed:") and r["status"] == "ok"
+            for row in r["detail"]["rows"]]
+    assert rows and all(row["tokens_per_s"] > 0 for row in rows)
+    assert {row["jit_compile"] for row in rows} == {False, True}
+
+
+def test_a_wrong_gradient_fails_the_gradient_part(device_check, monkeypatch):
+    """One variable's gradient off by 1e-3 of its scale under recomputation: the part fails, naming it."""
+    from tests.zoo import test_recompute
+
+    real = test_recompute.gradients
+
+    def wrong(name, policy, *args, **kwargs):
+        grads = real(name, policy, *args, **kwargs)
+        if policy != "none":
+            path = next(iter(grads))
+            grads[path] = grads[path] + 1e-3 * np.abs(grads[path]).max()
+        return grads
+
+    monkeypatch.setattr(test_recompute, "gradients", wrong)
+    result = device_check.run_part("exact:gradients-function", quick=True)
+    assert result["status"] == "failed" and "against none:plain" in result["detail"], result
+
+
+def test_a_wrong_held_mask_fails_the_mask_part(device_check, monkeypatch):
+    from zoo.ops import dropout
+
+    real = dropout.unpack_bits
+    monkeypatch.setattr(dropout, "unpack_bits", lambda bits, shape: tf.logical_not(real(bits, shape)))
+    result = device_check.run_part("exact:held-masks", quick=True)
+    assert result["status"] == "failed", result
+
+
+def test_the_registry_tells_ops_without_a_gpu_kernel(device_check):
+    def graph(fn, *specs):
+        return tf.function(fn).get_concrete_function(*specs).graph.as_graph_def()
+
+    words = device_check.gpu_kernels(graph(lambda x: x * tf.constant(3, tf.uint64), tf.TensorSpec([4], tf.uint64)))
+    assert words["Mul(T=uint64)"]["gpu_kernel"]
+    text = device_check.gpu_kernels(graph(lambda x: tf.strings.as_string(x), tf.TensorSpec([4], tf.float32)))
+    assert not text["AsString(T=float32)"]["gpu_kernel"]
