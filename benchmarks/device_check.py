@@ -33,10 +33,13 @@ Exit status 1 when a part failed.
 import argparse
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import platform
 import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -94,7 +97,7 @@ def register_tiny():
         zoo.register(TINY_NAME, zoo.spec("dec-base").replace(**TINY))
 
 
-def test_module(name):
+def project_tests(name):
     """A module of the project's tests (tests/zoo/NAME.py): the exactness parts run its checks as they are."""
     import importlib
 
@@ -119,7 +122,16 @@ def environment(quick):
             "cuda_build": build.get("is_cuda_build"), "cuda_version": build.get("cuda_version"),
             "cudnn_version": build.get("cudnn_version"),
             "cuda_compute_capabilities": build.get("cuda_compute_capabilities"),
-            "soft_device_placement": tf.config.get_soft_device_placement()}
+            "soft_device_placement": tf.config.get_soft_device_placement(), "nvidia_smi": nvidia_smi()}
+
+
+def nvidia_smi():
+    """The driver's view of the GPUs (name, driver, memory), or None where there is no nvidia-smi."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    done = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap",
+                           "--format=csv,noheader"], capture_output=True, text=True, timeout=60)
+    return done.stdout.strip() or done.stderr.strip()
 
 
 # ---------------------------------------------------------------------------- the kernel registry, statically
@@ -127,13 +139,13 @@ def environment(quick):
 GPU_DEVICE_TYPES = ("GPU", "DEFAULT")  # a DEFAULT kernel serves every device type
 
 
-def _kernels(op, cache={}):  # noqa: B006 (a cache across calls)
+@functools.cache
+def _kernels(op):
+    """(device type, {attribute: allowed DataType enums}) of every kernel registered for `op`."""
     from tensorflow.python.framework import kernels
 
-    if op not in cache:
-        cache[op] = [(k.device_type, {c.name: set(c.allowed_values.list.type) for c in k.constraint})
-                     for k in kernels.get_registered_kernels_for_op(op).kernel]
-    return cache[op]
+    return [(k.device_type, {c.name: set(c.allowed_values.list.type) for c in k.constraint})
+            for k in kernels.get_registered_kernels_for_op(op).kernel]
 
 
 def type_attrs(node) -> dict:
@@ -197,7 +209,7 @@ def held_mask_kernels(quick):
 def gradients_against_none(variants, mode, dtype=None, reference_core="plain"):
     """tests/zoo/test_recompute.py's check on its tiny decoder (dropout 0.1, padding masked): each
     (policy, core) against `none` on `reference_core`, every variable within RTOL of its own scale."""
-    recompute = test_module("test_recompute")
+    recompute = project_tests("test_recompute")
     reference = recompute.gradients("dec-base", "none", mode, True, dtype=dtype, core=reference_core)
     for policy, core in variants:
         try:
@@ -236,7 +248,7 @@ def gradients_bf16(quick):
 @part("exact:held-masks")
 def held_masks(quick):
     """Bits hold every pattern; what the replay reads back equals a fresh draw from the seed (test_layers.py)."""
-    layers = test_module("test_layers")
+    layers = project_tests("test_layers")
     layers.test_bits_hold_every_pattern_and_odd_sizes()
     layers.test_masks_held_as_bits_equal_the_redrawn_ones()
     return {"checked": ["test_bits_hold_every_pattern_and_odd_sizes", "test_masks_held_as_bits_equal_the_redrawn_ones"]}
@@ -247,21 +259,21 @@ def fused_equals_fit(quick):
     """Three AdamW steps with a global clip that triggers: the fused update's weights equal fit's (test_fused.py)."""
     if quick:
         raise Skipped("not in --quick: CI runs it in tests/zoo/test_fused.py (two fits, ~15-30 s on a CPU)")
-    test_module("test_fused").test_fused_equals_fit_float32_with_a_global_clip("llama")
+    project_tests("test_fused").test_fused_equals_fit_float32_with_a_global_clip("llama")
     return {"checked": "test_fused_equals_fit_float32_with_a_global_clip[llama]", "rtol": 1e-6}
 
 
 @part("exact:lora-int4")
 def lora_int4(quick):
     """LoRA adapters on an int4 base: `full` gives `none`'s adapter gradients (test_lora.py)."""
-    test_module("test_lora").test_full_recomputation_gives_the_same_adapter_gradients("dec-base", "int4")
+    project_tests("test_lora").test_full_recomputation_gives_the_same_adapter_gradients("dec-base", "int4")
     return {"checked": "test_full_recomputation_gives_the_same_adapter_gradients[dec-base-int4]", "rtol": RTOL}
 
 
 @part("exact:chunked-loss")
 def chunked_loss(quick):
     """13 positions in chunks of 5, 5 and 3, tied head, eager and tf.function, with and without weights."""
-    test_module("test_lm_loss").test_equals_unchunked_fp32(True, 13, 5)
+    project_tests("test_lm_loss").test_equals_unchunked_fp32(True, 13, 5)
     return {"checked": "test_equals_unchunked_fp32[13-5-True]", "rtol": 1e-6}
 
 
@@ -332,18 +344,18 @@ def placement_child(configs, batch, seq, precision):
     return {"device": accelerator(), "steps": steps}
 
 
-def placement_parts(quick, cache={}):  # noqa: B006 (one child for both parts)
-    if "run" not in cache:
-        run = _harness.run_child({"kind": "placement", "configs": ["full", "full+fused"], "batch": 2, "seq": 16,
-                                  "precision": "mixed_bfloat16"}, timeout=600)
-        if not run.ok:
-            raise RuntimeError(f"placement child {run.status}: {run.error}")
-        cache["run"] = run.result
-    return cache["run"]
+@functools.cache
+def placement_run():
+    """Both steps' placement, from one fresh process (the two parts share it)."""
+    run = _harness.run_child({"kind": "placement", "configs": ["full", "full+fused"], "batch": 2, "seq": 16,
+                              "precision": "mixed_bfloat16"}, timeout=600)
+    if not run.ok:
+        raise RuntimeError(f"placement child {run.status}: {run.error}")
+    return run.result
 
 
-def placement_of(config, quick):
-    result = placement_parts(quick)
+def placement_of(config):
+    result = placement_run()
     step = result["steps"][config]
     if not step["nodes_by_device"]:
         raise AssertionError("the placer logged no node of the step (is placement logging reaching stdout?)")
@@ -352,20 +364,20 @@ def placement_of(config, quick):
 
 @part("placement:full-step")
 def placement_full(quick):
-    return placement_of("full", quick)
+    return placement_of("full")
 
 
 @part("placement:fused-step")
 def placement_fused(quick):
-    return placement_of("full+fused", quick)
+    return placement_of("full+fused")
 
 
 # ---------------------------------------------------------------------------------------- speed and memory
 
-SPEED = {  # part -> (model, batch, seq, variants, jit_compile, runs on a CPU by default)
+SPEED = {  # part -> (model, batch, seq, variants, jit_compile, runs on a CPU by default); in this order
     "speed:dec-base-bf16": ("dec-base", 4, 512, ("keras-hub", "none", "full", "full+fused"), False, True),
-    "speed:dec-base-bf16-xla": ("dec-base", 4, 512, ("keras-hub", "none", "full", "full+fused"), True, True),
     "speed:dec-1b-fused": ("dec-1b", 8, 512, ("full+fused",), False, False),
+    "speed:dec-base-bf16-xla": ("dec-base", 4, 512, ("keras-hub", "none", "full", "full+fused"), True, True),
 }
 QUICK_SPEED = {  # --quick: the tiny decoder, fewer rows, in this process
     "speed:dec-base-bf16": (TINY_NAME, 2, 32, ("keras-hub", "full+fused")),
