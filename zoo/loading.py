@@ -7,6 +7,7 @@ from pathlib import Path
 import keras
 
 from zoo import hub, lora, registry
+from zoo.chat import Chat
 from zoo.models import build
 
 MODEL_FILE = "model.keras"  # what a training run (recipes) writes at the end
@@ -48,8 +49,17 @@ def load_lora_run(folder, merge=False):
     return model
 
 
+def _attach_chat(model, folder):
+    """A decoder's chat template and tokenizer.json as `model.chat` (zoo.chat.Chat), when the folder has
+    them: what generate(messages=...) and a SavedModel export read."""
+    if getattr(model, "task", None) == "causal_lm":
+        model.__dict__["chat"] = Chat.of(folder)  # plain attribute: not tracked by Keras
+    return model
+
+
 def load(source, task=None, merge=False):
-    """The model `source` names, with its tokenizer attached as `model.tokenizer` when it has one.
+    """The model `source` names, with its tokenizer attached as `model.tokenizer` when it has one
+    (and a chat checkpoint's template as `model.chat`).
 
     Args:
         source: a registered model name (random weights, for trying things), a `.keras`
@@ -77,9 +87,10 @@ def load(source, task=None, merge=False):
         model = load_lora_run(path, merge) if lora_run else keras.models.load_model(path / MODEL_FILE)
         if (path / TOKENIZER_DIR).is_dir():
             model.__dict__["tokenizer"] = hub.load_tokenizer(path / TOKENIZER_DIR)  # plain attribute
+            _attach_chat(model, path / TOKENIZER_DIR)
         return model
     if path.is_dir() and (path / "config.json").is_file():
-        return hub.load(source, task=task)
+        return _attach_chat(hub.load(source, task=task), path)
     if source in registry.names():
         return build(registry.spec(source), task=task)
     if path.exists():

@@ -192,13 +192,14 @@ def test_sft_run_resumes_bitwise_answers_and_exports_its_template(checkpoint, tm
 
     capsys.readouterr()
     assert main(["generate", str(run), "--chat", "What is 2 plus 2?", "--max-new-tokens", "4"]) == 0
-    model = zoo.load(str(run))
+    model = zoo.load(str(run))  # attaches the run's chat as model.chat
+    assert model.chat.stop_ids == chat.stop_ids
     answer = zoo.generation.generate(model, messages=[{"role": "user", "content": "What is 2 plus 2?"}],
-                                     max_new_tokens=4, chat=chat)
+                                     max_new_tokens=4)
     assert capsys.readouterr().out.strip() == answer.strip()
     with pytest.raises(ValueError, match=r"set_packed\(False\)"):  # the run's own model still reads documents
         zoo.export.saved_model(straight.model, tmp_path / "refused", sequence_length=64)
-    export = zoo.export.saved_model(model, tmp_path / "export", sequence_length=64, chat=chat)
+    export = zoo.export.saved_model(model, tmp_path / "export", sequence_length=64)  # model.chat goes with it
     assert ChatTemplate.find(export / "assets.extra").source == chat.template.source
 
 
