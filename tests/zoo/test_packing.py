@@ -256,3 +256,20 @@ def test_planner_counts_what_packing_keeps(name, policy, core):
     assert off.total <= on.total <= off.total + extra
     with pytest.raises(ValueError, match="decoders only"):
         estimate("enc-base", b, s, packed=True)
+
+
+def test_zoo_plan_prints_a_packed_run(capsys):
+    """`zoo plan --packing` plans the packed step (estimate(packed=True)) and says so."""
+    from zoo.cli import main
+
+    # Gemma 3's two rotary settings of head_dim 256 at 8 x 4096: 64 MiB more, visible in the table
+    args = ["plan", "gemma3-1b", "--batch-size", "8", "--sequence-length", "4096", "--checkpointing", "full",
+            "--precision", "mixed_bfloat16"]
+    rows = {}
+    for packing in (False, True):
+        assert main(args + ["--packing"] * packing) == 0
+        out = capsys.readouterr().out
+        assert ("packed rows" in out) == packing
+        rows[packing] = next(line for line in out.splitlines() if line.startswith("full "))
+    expected = estimate("gemma3-1b", 8, 4096, "mixed_bfloat16", "full", packed=True).total
+    assert f"{expected / 2**30:8.2f}G" in rows[True] and rows[True] != rows[False]
