@@ -61,10 +61,19 @@ NAMES_SHOWN = 20  # node names listed per op type that landed on the CPU
 PART_DETAIL_CHARS = 160  # the detail column of the printed table
 BUDGET_S = 480  # no part starts after this: a GPU run ends inside 10 minutes (a speed row may take 2)
 ROW_TIMEOUT_S = 300  # on a GPU a speed row's process is killed after this (an XLA compilation that never ends)
+LAST_PART_S = 90  # and a row started before the deadline is killed this long after it
 
 
 class Skipped(Exception):
     """A part that does not run here (say why)."""
+
+
+class PartFailed(Exception):
+    """A part that failed but measured something: `detail` is kept beside the message."""
+
+    def __init__(self, message, detail):
+        super().__init__(message)
+        self.detail = detail
 
 
 PARTS = {}  # name -> function(quick) -> detail dict
@@ -433,6 +442,15 @@ def speed_row(model, batch, seq, precision, variant, steps, jit_compile):
     return row
 
 
+def in_process(fn, args) -> _harness.ChildRun:
+    """`fn(**args)` here, reported as `_harness.run_child` reports a child (--quick's rows)."""
+    try:
+        return _harness.ChildRun("ok", fn(**args))
+    except Exception as error:
+        traceback.print_exc()
+        return _harness.ChildRun("error", stderr=f"{type(error).__name__}: {error}")
+
+
 def planner_gib(model, batch, seq, precision, variant):
     """The planner's estimate for a zoo row (None for keras-hub's)."""
     from zoo import memory
@@ -445,7 +463,9 @@ def planner_gib(model, batch, seq, precision, variant):
                            fused=bool(fused)).total / GiB
 
 
-def speed_rows(name, quick, asked):
+def speed_rows(name, quick, asked, deadline=None):
+    """A speed part's rows, in order; on a GPU a row's process is killed after ROW_TIMEOUT_S, or sooner so as to
+    end LAST_PART_S after the budget's deadline, and rows that would start past the deadline are skipped."""
     model, batch, seq, variants, jit, on_cpu = SPEED[name]
     if quick and name not in QUICK_SPEED:
         raise Skipped(f"not in --quick ({', '.join(QUICK_SPEED)} run the same rows at tiny shapes)")
@@ -455,11 +475,15 @@ def speed_rows(name, quick, asked):
         raise Skipped(f"{model} {batch} x {seq} on a CPU takes minutes a step: ask for it with --parts {name}")
     rows, hub = [], None
     for variant in variants:
+        row = {"variant": variant, "planner_gib": planner_gib(model, batch, seq, PRECISION, variant)}
+        left = None if deadline is None else deadline + LAST_PART_S - time.perf_counter()
+        if deadline is not None and time.perf_counter() > deadline:
+            rows.append({**row, "skipped": "the time budget (--budget) was spent before this row"})
+            continue
         args = dict(model=model, batch=batch, seq=seq, precision=PRECISION, variant=variant, steps=2 if quick else 3,
                     jit_compile=jit)
-        run = _harness.ChildRun("ok", speed_row(**args)) if quick else _harness.run_child(
-            dict(kind="speed", **args), timeout=ROW_TIMEOUT_S if on_gpu() else None)
-        row = {"variant": variant, "planner_gib": planner_gib(model, batch, seq, PRECISION, variant)}
+        timeout = min(ROW_TIMEOUT_S, left if left is not None else ROW_TIMEOUT_S) if on_gpu() else None
+        run = in_process(speed_row, args) if quick else _harness.run_child(dict(kind="speed", **args), timeout=timeout)
         if not run.ok:
             rows.append({**row, "error": f"{run.status}: {run.error}"})
             continue
@@ -473,12 +497,12 @@ def speed_rows(name, quick, asked):
         rows.append(row)
     errors = [f"{r['variant']}: {r['error']}" for r in rows if "error" in r]
     if errors:
-        raise RuntimeError("; ".join(errors) + f" | rows: {json.dumps(rows)}")
+        raise PartFailed("; ".join(errors), {"rows": rows})
     return {"rows": rows}
 
 
 for _name in SPEED:
-    part(_name)(lambda quick, asked=(), _name=_name: speed_rows(_name, quick, asked))
+    part(_name)(lambda quick, asked=(), deadline=None, _name=_name: speed_rows(_name, quick, asked, deadline))
 
 
 # ------------------------------------------------------------------------------------------------- runner
@@ -504,10 +528,12 @@ def run_part(name, quick, asked=(), deadline=None):
         if deadline is not None and started > deadline:
             raise Skipped("the time budget (--budget) was spent before this part")
         fn = PARTS[name]
-        detail = fn(quick, asked) if name.startswith("speed:") else fn(quick)
+        detail = fn(quick, asked, deadline) if name.startswith("speed:") else fn(quick)
         status = "ok"
     except Skipped as why:
         status, detail = "skipped", str(why)
+    except PartFailed as error:
+        status, detail = "failed", {"error": str(error), **error.detail}
     except Exception as error:  # recorded, and the next part runs
         status = "failed"
         detail = f"{type(error).__name__}: {error}"[:4000]
@@ -542,7 +568,9 @@ def summary(result) -> str:
         return (f"{detail['device']}: nodes by device {detail['nodes_by_device']}"
                 + (f"; on CPU: {cpu}" if detail["device"] != "CPU:0" else "") + f"; no GPU kernel: {missing}")
     if name.startswith("speed:"):
-        return "; ".join(f"{r['variant']} {r['tokens_per_s']:.0f} tok/s" for r in detail["rows"])
+        cells = [f"{r['variant']} {r['tokens_per_s']:.0f} tok/s" if "tokens_per_s" in r else
+                 f"{r['variant']} {r.get('error') or r.get('skipped')}" for r in detail["rows"]]
+        return "; ".join(cells)[:PART_DETAIL_CHARS]
     return ", ".join(f"{k} {v}" for k, v in detail.items())[:PART_DETAIL_CHARS]
 
 
@@ -558,8 +586,8 @@ def print_tables(results):
     print("| part | status | s | detail |\n|---|---|---|---|")
     for r in results:
         print(f"| {r['part']} | {r['status']} | {r['seconds']:.1f} | {summary(r)} |")
-    rows = [(r["part"], row) for r in results if r["status"] == "ok" and r["part"].startswith("speed:")
-            for row in r["detail"]["rows"]]
+    rows = [(r["part"], row) for r in results if isinstance(r["detail"], dict) and r["part"].startswith("speed:")
+            for row in r["detail"]["rows"] if "tokens_per_s" in row]
     if rows:
         print("\n| " + " | ".join(SPEED_COLUMNS) + " |\n" + "|---" * len(SPEED_COLUMNS) + "|")
         for name, row in rows:

@@ -82,3 +82,21 @@ def test_the_registry_tells_ops_without_a_gpu_kernel(device_check):
     assert words["Mul(T=uint64)"]["gpu_kernel"]
     text = device_check.gpu_kernels(graph(lambda x: tf.strings.as_string(x), tf.TensorSpec([4], tf.float32)))
     assert not text["AsString(T=float32)"]["gpu_kernel"]
+
+
+def test_a_failing_row_keeps_the_others_and_a_spent_budget_skips(device_check, monkeypatch, capsys):
+    def row(model, batch, seq, precision, variant, steps, jit_compile):
+        if variant != "keras-hub":
+            raise RuntimeError("no kernel for this")
+        return dict(model=model, batch=batch, seq=seq, precision=precision, jit_compile=jit_compile, device="CPU:0",
+                    step_s=0.5, first_step_s=1.0, tokens_per_s=batch * seq / 0.5, step_mem_gib=0.1,
+                    allocator_peak_gib=0.2, loss=1.0)
+
+    monkeypatch.setattr(device_check, "speed_row", row)
+    result = device_check.run_part("speed:dec-base-bf16", quick=True)
+    assert result["status"] == "failed" and "no kernel for this" in result["detail"]["error"], result
+    assert [r["variant"] for r in result["detail"]["rows"]] == ["keras-hub", "full+fused"]
+    device_check.print_tables([result])
+    assert "| speed:dec-base-bf16 | device-check-tiny | 2 x 32 | keras-hub |" in capsys.readouterr().out
+    spent = device_check.run(["environment", "speed:dec-base-bf16"], quick=True, budget=0)
+    assert [r["status"] for r in spent] == ["skipped", "skipped"], spent
