@@ -2,14 +2,14 @@
 and the environment. It runs the same on a CPU and a GPU, keeps going past a part that fails, and writes a
 table and a JSON file (docs/benchmarks.md: Device check).
 
-    python benchmarks/device_check.py --out device_check.json      # everything (GPU: well under 10 minutes)
-    python benchmarks/device_check.py --quick                       # tiny shapes throughout (CI, < 60 s on CPU)
+    python benchmarks/device_check.py --out device_check.json      # everything (GPU: nothing starts after --budget 480)
+    python benchmarks/device_check.py --quick                       # tiny shapes throughout (CI: ~45-60 s of CPU)
     python benchmarks/device_check.py --parts exact,placement       # some parts (names or their group before ':')
     python benchmarks/device_check.py --parts speed:dec-1b-fused    # a part the CPU skips unless it is asked for
 
 Parts (each a small function; the runner records its name, ok/failed/skipped, seconds and detail):
-- `environment`: TensorFlow, Keras, keras-hub versions; the devices and the GPU's name and compute capability;
-  the CUDA/cuDNN versions TensorFlow was built with.
+- `environment`: TensorFlow, Keras, keras-hub versions; the devices and the GPU's name and compute capability
+  (and nvidia-smi's line, with the driver); the CUDA/cuDNN versions TensorFlow was built with; soft placement.
 - `kernels:held-masks`: every (op, dtype) in the held dropout masks' packing and unpacking
   (zoo.ops.dropout.pack_bits/unpack_bits), and whether this TensorFlow build registers a GPU kernel for it
   (its kernel registry, so the answer needs no GPU).
@@ -21,9 +21,11 @@ Parts (each a small function; the runner records its name, ok/failed/skipped, se
   fresh process with device placement logged: node counts by device and, where a GPU exists, which ops and
   nodes landed on the CPU; and, from the kernel registry, the step's ops that have no GPU kernel for their dtype.
 - `speed:*`: dec-base 4 x 512 mixed_bfloat16 (`none`, `full`, `full+fused`) beside keras-hub's backbone in the
-  same run, tokens/s and the allocator's peak (GPU:0 on a GPU), graph mode then `jit_compile=True`; dec-1b
-  8 x 512 `full+fused` (skipped on a CPU unless asked for). Each row is benchmarks/speed.py's `measure` in a
-  fresh process, with the planner's estimate (`zoo.memory.estimate`) beside its peak.
+  same run, tokens/s and the allocator's peak (GPU:0 on a GPU), graph mode; dec-1b 8 x 512 `full+fused`
+  (skipped on a CPU unless asked for); the dec-base rows again with `jit_compile=True`. Each row is
+  benchmarks/speed.py's `measure` in a fresh process (--quick: in this one), with the planner's estimate
+  (`zoo.memory.estimate`) beside its peak. On a GPU no row starts after the budget, and a row's process is
+  killed after ROW_TIMEOUT_S or LAST_PART_S past the budget.
 
 Keras compiles with `jit_compile="auto"`, which turns XLA on wherever a GPU is present: every speed row sets
 what "auto" resolves to, so the graph rows stay graph rows on a GPU.
