@@ -30,19 +30,11 @@ def chat_template(recipe, out_dir) -> ChatTemplate | None:
     (then only plain rows can train)."""
     saved = os.path.join(out_dir, TOKENIZER_DIR)
     if os.path.isdir(saved):
-        return ChatTemplate.find(saved) if _has_template(saved) else None
+        return ChatTemplate.of(saved)
     folder = pretrained.checkpoint(recipe.weights).folder
     if recipe.chat_template:
         return ChatTemplate.find(folder, override=recipe.chat_template)
-    return ChatTemplate.find(folder) if _has_template(folder) else None
-
-
-def _has_template(folder) -> bool:
-    try:
-        ChatTemplate.find(folder)
-    except ValueError:
-        return False
-    return True
+    return ChatTemplate.of(folder)
 
 
 def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_batches=8, callbacks=(),

@@ -34,7 +34,7 @@ class Chat:
 
     @classmethod
     def of(cls, folder) -> Chat | None:
-        """`find`, or None when the folder has no chat template (a base model)."""
+        """`find`, or None when the folder has no chat template (a base model) or no tokenizer.json."""
         try:
             return cls.find(folder)
         except (ChatTemplateError, FileNotFoundError):

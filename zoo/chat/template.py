@@ -133,6 +133,11 @@ class ChatTemplate:
         return template
 
     @classmethod
+    def of(cls, path) -> ChatTemplate | None:
+        """The folder's (or GGUF file's) own template, or None when it has none (a base model)."""
+        return cls._own(Path(path))
+
+    @classmethod
     def from_file(cls, path, special_tokens=None) -> ChatTemplate:
         """A template from a .jinja file (or anything `find` reads)."""
         path = Path(path)
