@@ -7,7 +7,9 @@
 load: writes a checkpoint of the model's shape with random weights (sharded bfloat16 safetensors and its
 index, as Hugging Face writes them, from the weight map of a model built quantized, so the writer never
 holds the float model), then loads it in a fresh process with `zoo.hub.load(folder, quantize=)`: peak RSS
-(the kernel's high-water mark of that process), TensorFlow's allocator peak, the quantized model's bytes
+(the kernel's high-water mark of that process, and its RSS sampled from outside every 0.2 s; the
+checkpoint is written by another child, since a child's high-water mark starts at its parent's RSS at
+the fork), TensorFlow's allocator peak, the quantized model's bytes
 and seconds, beside `zoo.memory.loading_peak`'s plan. The folder is removed after. `--old` also runs
 the path before issue 36 (load in float, then `zoo.lora.quantize_base`) in another fresh process.
 
@@ -74,6 +76,9 @@ def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, sli
 
     import zoo
 
+    if kind == "write":  # its own process: a child's ru_maxrss starts at its parent's RSS when it was forked
+        write_checkpoint(name, folder)
+        return {}
     if slice_floats:
         zoo.lora.QUANTIZE_SLICE = slice_floats
 
@@ -111,6 +116,14 @@ def plan(name, quantize, dtype):
     return memory.loading_peak(name, quantize=quantize, precision=dtype) / GiB
 
 
+def planned_step(name, quantize, dtype, batch, seq, rank=16):
+    """zoo.memory.estimate of the step `measure` takes (the allocator's peak, the built model included)."""
+    from zoo import memory
+
+    return memory.estimate(name, batch, seq, dtype, "full", loss_chunk=1024, lora_rank=rank, lora_targets="all-linear",
+                           quantize=quantize).total / GiB
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("what", choices=["load", "step"])
@@ -132,7 +145,10 @@ def main():
         start = time.perf_counter()
         if not (a.reuse and (folder / "config.json").is_file()):
             shutil.rmtree(folder, ignore_errors=True)
-            write_checkpoint(a.model, folder)
+            written = _harness.run_child({"kind": "write", "name": a.model, "folder": str(folder), "quantize": None,
+                                          "dtype": None}, timeout=a.timeout)
+            if not written.ok:
+                raise SystemExit(f"writing the checkpoint failed: {written.error}")
         write_s = time.perf_counter() - start
         size = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / GiB
         print(f"{a.model}: wrote {size:.2f} GiB of bfloat16 safetensors in {write_s:.0f} s", flush=True)
@@ -145,12 +161,16 @@ def main():
             rows[kind] = {**run.result, "status": run.status if run.ok else f"{run.status}: {run.error}",
                           "guard_rss_gib": run.peak_rss_bytes / GiB}
             r = rows[kind]
+            step = (f"; step {r['step_s']:.0f} s, allocator peak {r['alloc_peak_gib']:.2f} GiB, "
+                    f"RSS {r['peak_rss_gib']:.2f} GiB") if "step_s" in r else ""
             print(f"{kind:5s} {r['status']}: load {r.get('load_s', 0):.0f} s, peak RSS {r.get('load_rss_gib', 0):.2f} "
-                  f"GiB, allocator peak {r.get('load_alloc_peak_gib', 0):.2f} GiB, model {r.get('model_gib', 0):.2f} "
-                  f"GiB" + (f"; step {r['step_s']:.0f} s, allocator peak {r['alloc_peak_gib']:.2f} GiB, "
-                            f"RSS {r['peak_rss_gib']:.2f} GiB" if "step_s" in r else ""), flush=True)
+                  f"GiB (sampled {r['guard_rss_gib']:.2f}), allocator peak {r.get('load_alloc_peak_gib', 0):.2f} GiB, "
+                  f"model {r.get('model_gib', 0):.2f} GiB{step}", flush=True)
         result = {"model": a.model, "quantize": a.quantize, "dtype": a.dtype, "checkpoint_gib": size, "rows": rows,
                   "planned_loading_peak_gib": plan(a.model, a.quantize, a.dtype)}
+        if a.what == "step":
+            result["planned_step_gib"] = planned_step(a.model, a.quantize, a.dtype, a.batch, a.seq)
+            print(f"planned step (allocator peak) {result['planned_step_gib']:.2f} GiB")
         print(f"planned loading peak {result['planned_loading_peak_gib']:.2f} GiB")
         print(json.dumps(result))
     finally:
