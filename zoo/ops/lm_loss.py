@@ -47,6 +47,21 @@ def _head_variables(head, hidden):
     return list(variables.values()), vocab
 
 
+def chunked_inputs(hidden, head, labels, chunk_size=None):
+    """(hidden, labels, the head's trainable variables, positions per chunk) of a chunked computation
+    over `head(hidden)` (the loss here, sequence log-probabilities in zoo.ops.preference), checked."""
+    if chunk_size is not None:
+        check_chunk(chunk_size)
+    hidden = tf.convert_to_tensor(hidden)
+    labels = tf.convert_to_tensor(labels)
+    seq = hidden.shape[1]
+    if hidden.shape.rank != 3 or labels.shape.rank != 2 or seq is None:
+        raise ValueError(f"hidden must be [B, S, H] with a static S, and labels [B, S]; got {hidden.shape} "
+                         f"and {labels.shape}.")
+    head_variables, vocab = _head_variables(head, hidden)
+    return hidden, labels, head_variables, loss_chunk(hidden.shape[0] or 1, seq, vocab, chunk_size)
+
+
 def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, on_chunk=None, gradients=True):
     """Mean token cross-entropy of `head(hidden)` against `labels`, a chunk of positions at a time.
 
@@ -69,16 +84,8 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, o
     Example:
     >>> loss = chunked_lm_loss(backbone(x)["sequence_output"], model.lm_logits, y, chunk_size=256)
     """
-    if chunk_size is not None:
-        check_chunk(chunk_size)
-    hidden = tf.convert_to_tensor(hidden)
-    labels = tf.convert_to_tensor(labels)
+    hidden, labels, head_variables, c = chunked_inputs(hidden, head, labels, chunk_size)
     seq = hidden.shape[1]
-    if hidden.shape.rank != 3 or labels.shape.rank != 2 or seq is None:
-        raise ValueError(f"hidden must be [B, S, H] with a static S, and labels [B, S]; got {hidden.shape} "
-                         f"and {labels.shape}.")
-    head_variables, vocab = _head_variables(head, hidden)
-    c = loss_chunk(hidden.shape[0] or 1, seq, vocab, chunk_size)
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     scale = tf.math.divide_no_nan(1.0, tf.cast(tf.shape(hidden)[0] * seq * replicas, tf.float32))
     weights = None

@@ -23,7 +23,7 @@ tests/fixtures/dpo (tools/make_dpo_fixtures.py).
 
 import tensorflow as tf
 
-from zoo.ops.lm_loss import _head_variables, check_chunk, loss_chunk
+from zoo.ops.lm_loss import chunked_inputs
 from zoo.ops.ordering import after
 
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "robust")
@@ -58,17 +58,9 @@ def sequence_logps(hidden, head, labels, weights, chunk_size=None, gradients=Tru
     >>> hidden = model.backbone(x)["sequence_output"]
     >>> logps = sequence_logps(hidden[:, :-1], model.lm_logits, x["token_ids"][:, 1:], completion_mask[:, 1:])
     """
-    if chunk_size is not None:
-        check_chunk(chunk_size)
-    hidden = tf.convert_to_tensor(hidden)
-    labels = tf.convert_to_tensor(labels)
+    hidden, labels, head_variables, c = chunked_inputs(hidden, head, labels, chunk_size)
     seq = hidden.shape[1]
-    if hidden.shape.rank != 3 or labels.shape.rank != 2 or seq is None:
-        raise ValueError(f"hidden must be [B, S, H] with a static S, and labels [B, S]; got {hidden.shape} "
-                         f"and {labels.shape}.")
     weights = tf.broadcast_to(tf.cast(weights, tf.float32), tf.shape(labels))
-    head_variables, vocab = _head_variables(head, hidden)
-    c = loss_chunk(hidden.shape[0] or 1, seq, vocab, chunk_size)
     starts = range(0, seq, c)
 
     def forward(h, tape_chunks):
