@@ -158,12 +158,17 @@ def _real(a):
         print(f"{step:5d} {loss:14.4f}")
     rows = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines()]
     question = rows[0]["messages"][0]["content"]  # row 1 is held out (every `validation_every`-th from the first)
-    done = subprocess.run([sys.executable, "-m", "zoo.cli", "generate", str(out), "--chat", question,
-                           "--max-new-tokens", "32"], capture_output=True, text=True, check=True)
-    answer = done.stdout.strip()
-    print(f"question: {question[:200]!r}...\nanswer: {answer!r}\ntitle: {rows[0]['messages'][1]['content']!r}")
+
+    def answer(model):
+        done = subprocess.run([sys.executable, "-m", "zoo.cli", "generate", str(model), "--chat", question,
+                               "--max-new-tokens", "32"], capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    answers = {"before": answer(folder), "after": answer(out)}
+    print(f"question: {question[:200]!r}...\nbefore: {answers['before']!r}\nafter: {answers['after']!r}\n"
+          f"title: {rows[0]['messages'][1]['content']!r}")
     return {"benchmark": "sft_real", "steps": a.steps, "train_seconds": seconds, "curve": curve,
-            "trained_tokens_per_second": result["tokens_per_second"], "answer": answer,
+            "trained_tokens_per_second": result["tokens_per_second"], "answers": answers,
             "title": rows[0]["messages"][1]["content"]}
 
 
