@@ -176,9 +176,13 @@ def load_into(model, folder, family, strict=True) -> list[str]:
         The names of the head tensors the checkpoint lacks, which keep their fresh
         initialisation (a classifier on a `BertModel` checkpoint).
 
+    A model built quantized (`zoo.models.build(..., quantize=)`) gets each quantized layer's tensors
+    through Keras' quantizer, a slice of rows at a time (`zoo.lora.quantize_into`).
+
     Raises:
-        ValueError: a missing backbone tensor, an unexpected tensor (strict) or a
-            shape mismatch, each named with both shapes.
+        ValueError: a missing backbone tensor, an unexpected tensor (strict), a shape
+            mismatch (named with both shapes) or a tensor that is not float; all read off
+            the headers before any tensor is, so that nothing is half-loaded.
 
     Example:
     >>> load_into(zoo.get("enc-mini", task="classifier"), "all-MiniLM-L6-v2", bert)
