@@ -182,12 +182,14 @@ def test_transformers_loads_a_fresh_export(tokenizer, tmp_path):
     assert float(np.abs(out - ours)[real].max()) < 1e-4 * float(np.abs(out[real]).max())
 
 
-@pytest.mark.parametrize("case", ["encoder", "backbone", "no tokenizer", "quantize", "suffix", "big tokenizer"])
+@pytest.mark.parametrize("case", ["encoder", "backbone", "no tokenizer", "quantize", "suffix", "big tokenizer",
+                                  "keras-quantized"])
 def test_bad_input_is_refused_with_the_fix(case, tokenizer, tmp_path):
     args = dict(model=fixture_model("llama-q8_0", tokenizer), path=tmp_path / "x.gguf", tokenizer=tokenizer)
     expect = {"encoder": "Llama-family decoders", "backbone": "task='causal_lm'",
               "no tokenizer": "carries its tokenizer", "quantize": "q8_0, f16, f32",
-              "suffix": "must end in .gguf", "big tokenizer": "the model's vocabulary is"}
+              "suffix": "must end in .gguf", "big tokenizer": "the model's vocabulary is",
+              "keras-quantized": "Keras-quantized layers"}
     if case == "encoder":
         args["model"] = zoo.get("enc-base", **dict(TINY_DEC, num_layers=1, num_kv_heads=4))
     elif case == "backbone":
@@ -198,6 +200,8 @@ def test_bad_input_is_refused_with_the_fix(case, tokenizer, tmp_path):
         args["quantize"] = "q4_k"
     elif case == "suffix":
         args["path"] = tmp_path / "x.bin"
+    elif case == "keras-quantized":  # a QLoRA base: its int8 kernels are not weights llama.cpp reads
+        zoo.lora.quantize_base(args["model"], "int8")
     else:
         args["model"] = zoo.get("dec-base", **dict(TINY_DEC, num_layers=1, vocab_size=64))
     with pytest.raises(ValueError, match=expect[case]):

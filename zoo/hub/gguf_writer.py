@@ -174,6 +174,12 @@ def check_model(model):
     if model.task != "causal_lm":
         raise ValueError(f"GGUF export takes a causal language model; got task {model.task!r}. Build it with "
                          "task='causal_lm' (a bare backbone has no LM head for llama.cpp to generate with).")
+    quantized = [layer.name for layer in model._flatten_layers(include_self=False)
+                 if getattr(layer, "quantization_mode", None)]
+    if quantized:
+        raise ValueError(f"{model.name!r} holds Keras-quantized layers (e.g. {quantized[0]!r}): GGUF export writes "
+                         "float weights and quantizes them itself (q8_0). Export the float model (a LoRA run: "
+                         "`zoo export RUN --format gguf` merges its adapters into the float base).")
 
 
 def write_gguf(model, path, quantize="q8_0", tokenizer=None, bos_token_id=None, eos_token_id=None, name=None,
