@@ -9,7 +9,7 @@ import tensorflow as tf
 from safetensors.numpy import load_file, save_file
 
 import zoo
-from tests.common import TINY_DEC
+from tests.common import TINY_DEC, allocator_peak
 from zoo import hub, lora
 from zoo.hub import weights
 
@@ -71,12 +71,15 @@ def test_loading_peak_is_the_quantized_model_and_one_layer(tmp_path):
     folder = checkpoint(tmp_path / "ckpt", shard=2**20, **shape)
     spec = zoo.spec("dec-1b").replace(**{**TINY_DEC, **shape, "tie_embeddings": False})
     largest = 2 * spec.vocab_size * spec.hidden_dim  # floats of the largest layer's tensors
-    hub.load(folder, quantize="int4", tokenizer=False)  # once unmeasured: TensorFlow's first-call allocations
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    start = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    model = hub.load(folder, quantize="int4", tokenizer=False)
-    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - start
-    quantized = sum(v.numpy().nbytes for v in model.weights)
+    loaded = []
+
+    def load():
+        loaded[:] = [hub.load(folder, quantize="int4", tokenizer=False)]
+
+    # the least of two loads after an unmeasured one (TensorFlow's first-call allocations), as tests/common.py's
+    # allocator_peak measures: the executor sometimes runs a ready op early and peaks a tensor higher
+    peak = allocator_peak(load, repeats=2)
+    quantized = sum(v.numpy().nbytes for v in loaded[0].weights)
     # The float32 twin of one layer, and half as much again for Keras' quantizer working on it; 1 MiB for the rest.
     bound = quantized + 1.5 * 4 * largest + 2**20
     assert peak <= bound, (peak, quantized, largest)
