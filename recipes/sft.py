@@ -60,8 +60,9 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
     kind, rows = data.read_rows(data_path)
     numbers = range(1, len(rows) + 1)  # every `validation_every`-th row is held out
     held = [n for n in numbers if validation_every and (n - 1) % validation_every == 0]
+    kept = set(numbers) - set(held)
     train_examples, report = data.examples(kind, rows, template, tokenizer, recipe.sequence_length, recipe.loss_on,
-                                           numbers=[n for n in numbers if n not in set(held)])
+                                           numbers=[n for n in numbers if n in kept])
     for line in report.lines(recipe.sequence_length):
         print(line)
     if not train_examples:
@@ -81,6 +82,7 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
     meta, base = runner.run_meta(recipe, out_dir, None, merge, hf_out)
     meta["data"] = {"format": kind, **stats}
     keras.utils.set_random_seed(recipe.seed)
+
     def beside_tokenizer(folder):  # what a resumed run and a serving client read back
         tokenizer.save(folder)
         if template is not None:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tensorflow as tf
 
-from zoo.chat import ChatTemplateError, check_messages
+from zoo.chat import ChatTemplateError
 
 FORMATS = {"messages": ("messages",), "prompt-completion": ("prompt", "completion"), "text": ("text",)}
 LOSS_ON = ("assistant", "all")  # "assistant": assistant turns, or the completion; "all": every token
@@ -111,9 +111,7 @@ def _text_and_spans(kind, row, template, eos):
     if kind == "text":
         return str(row["text"]) + eos, None
     prompt, completion = row["prompt"], row["completion"]
-    if isinstance(prompt, list) or isinstance(completion, list):
-        check_messages(prompt)
-        check_messages(completion)
+    if isinstance(prompt, list) or isinstance(completion, list):  # rendering checks the messages
         return template.prompt_and_completion(prompt, completion)
     text = str(prompt) + str(completion) + eos
     return text, [(len(str(prompt)), len(text))]
