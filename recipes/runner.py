@@ -44,7 +44,7 @@ class Result:
     step: int
     history: list = field(default_factory=list)  # [{"step", "loss", "val_loss"?, "lr"}] per interval
     tokens_per_second: float = float("nan")
-    peak_bytes: int = 0  # TF allocator peak on the training device
+    peak_bytes: int | None = 0  # TF allocator peak on the training device (None: no statistics kept)
     max_rss_bytes: int = 0
     model: keras.Model | None = None
     data: dict | None = None  # supervised fine-tuning: rows an epoch, padding fraction (recipes.sft)
@@ -100,6 +100,15 @@ class _Intervals(keras.callbacks.Callback):
 
 def _device():
     return "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+
+
+def _reset_peak(device) -> bool:
+    """Whether TensorFlow keeps allocator statistics here (not on a CPU with oneDNN off: zoo/__init__.py)."""
+    try:
+        tf.config.experimental.reset_memory_stats(device)
+        return True
+    except ValueError:
+        return False
 
 
 def check_lengths(recipe):
@@ -381,9 +390,15 @@ def train_and_save(recipe, model, cluster, out_dir, start, train_data, valid=Non
         final = _train(recipe, model, cluster, result, write_dir, train_data, valid, valid_steps, interval, start,
                        callbacks, verbose, base, tokens_per_batch)
     print(f"{recipe.name}: steps {start} -> {result.step}; {result.tokens_per_second:,.0f} tokens/s; "
-          f"peak memory {result.peak_bytes / 2**20:,.0f} MiB (allocator), {result.max_rss_bytes / 2**20:,.0f} MiB RSS; "
+          f"peak memory {_mib(result.peak_bytes)} (allocator), {result.max_rss_bytes / 2**20:,.0f} MiB RSS; "
           + (f"model saved to {final}" if cluster.chief else "a worker: the chief saves the model"))
     return result
+
+
+def _mib(size) -> str:
+    if size is None:
+        return "n/a (TensorFlow keeps no CPU allocator statistics with oneDNN off: set TF_ENABLE_ONEDNN_OPTS=1)"
+    return f"{size / 2**20:,.0f} MiB"
 
 
 def write_hf(recipe, model, out_dir, hf_out, tokenizer, labels, merge):
@@ -404,7 +419,7 @@ def _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps,
     k = recipe.accumulation_steps
     tracker = _Intervals(recipe, write_dir, interval, result, base, tokens_per_batch)
     device = _device()
-    tf.config.experimental.reset_memory_stats(device)
+    measured = _reset_peak(device)
     if start < recipe.steps:
         try:
             with cluster.scope():
@@ -422,7 +437,7 @@ def _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps,
             raise distribute.WorkerLost(distribute.lost_message(cause, result.out_dir)) from None
         if tracker.started is not None:
             result.tokens_per_second = tracker.tokens_per_second()
-    result.peak_bytes = tf.config.experimental.get_memory_info(device)["peak"]
+    result.peak_bytes = tf.config.experimental.get_memory_info(device)["peak"] if measured else None
     result.max_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if base is not None:  # Keras' save would write merged (or integer) kernels and no adapters
         zoo.hub.save_adapter(model, os.path.join(write_dir, ADAPTER_DIR), overwrite=True, base=base["weights"])

@@ -6,6 +6,10 @@
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# The zoo measures memory with TensorFlow's CPU allocator, which keeps statistics only with oneDNN on. TensorFlow turns
+# oneDNN on by itself only on CPUs with AVX-512 VNNI or AMX (not, say, an AMD EPYC without AVX-512), where
+# `get_memory_info("CPU:0")` then fails: turn it on unless the user chose (read when TensorFlow is first imported).
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 # Importing the models registers their classes, so keras.models.load_model works after `import zoo`.
 from zoo import export, generation, hub, loading, lora, memory, models, optimizers
