@@ -12,7 +12,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 # Importing the models registers their classes, so keras.models.load_model works after `import zoo`.
-from zoo import export, generation, hub, loading, lora, memory, models, optimizers
+from zoo import export, generation, hub, loading, lora, memory, models, optimizers, preference
 from zoo.loading import load
 from zoo.ops.recompute import POLICIES
 from zoo.registry import PRECISIONS, ModelSpec, names, register, spec
@@ -59,5 +59,5 @@ def get(name, checkpointing=None, dtype=None, task=None, weights=None, quantize=
 
 __all__ = [
     "POLICIES", "PRECISIONS", "ModelSpec", "export", "generation", "get", "hub", "load", "loading", "lora", "memory",
-    "models", "names", "optimizers", "register", "spec",
+    "models", "names", "optimizers", "preference", "register", "spec",
 ]

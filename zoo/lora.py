@@ -188,6 +188,33 @@ def add_adapters(model, plan: dict) -> list:
     return list(plan)
 
 
+@contextlib.contextmanager
+def adapters_off(model):
+    """The model without its adapters, for what is called (or traced into a graph) inside: PEFT's
+    `disable_adapter()`, the reference model of TRL's DPOTrainer with PEFT. Keras' Dense reads
+    `lora_enabled` when called (its `kernel`, its quantized matmuls), so a graph traced here keeps
+    only the base; the adapters' variables stay as they are.
+
+    Raises:
+        ValueError: a model without LoRA (there is no reference to switch to).
+
+    Example:
+    >>> with zoo.lora.adapters_off(model):
+    ...     reference = model(x)   # the base model's outputs
+    """
+    layers = [layer for layer in model._flatten_layers() if getattr(layer, "lora_enabled", False)]
+    if not layers:
+        raise ValueError("This model has no LoRA adapters to switch off (enable_lora() adds them), so it has no "
+                         "base model to serve as the reference.")
+    for layer in layers:
+        layer.lora_enabled = False
+    try:
+        yield layers
+    finally:
+        for layer in layers:
+            layer.lora_enabled = True
+
+
 def merge_lora(model) -> list:
     """Fold every adapter into its kernel, W + (alpha / r)·A·B, and remove the adapters, so that
     the model is a plain one again (export, `zoo.hub.save`); the variables enable_lora froze are

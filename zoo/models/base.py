@@ -188,11 +188,21 @@ class ZooModel(keras.Model):
         self._drop_compiled_functions()
         return self.fused_update
 
+    preference_step = None  # zoo.preference.set_preference's step: preference pairs instead of the model's loss
+
+    @property
+    def metrics(self):
+        extra = self.preference_step.metrics if self.preference_step is not None else []
+        return super().metrics + extra
+
     def train_step(self, data):
-        """Which training step runs is decided here, and only here: the fused update when
-        `set_fused_update` turned it on; a loss made from the backbone's outputs when the model
-        has one (`loss_from_backbone`: the causal LM's chunked loss); otherwise Keras' own step."""
+        """Which training step runs is decided here, and only here: preference pairs' when
+        `zoo.preference.set_preference` set one; the fused update when `set_fused_update` turned it
+        on; a loss made from the backbone's outputs when the model has one (`loss_from_backbone`:
+        the causal LM's chunked loss); otherwise Keras' own step."""
         step.check_weights(self)
+        if self.preference_step is not None:
+            return self.preference_step.train_step(self, data)
         if self.fused_update:
             return fused.train_step(self, data, self.fused_update)
         if self.loss_from_backbone():
@@ -203,6 +213,8 @@ class ZooModel(keras.Model):
         """Evaluation (`evaluate`, `fit`'s validation) makes the loss as training does: from the
         backbone's outputs where the model has such a loss (the chunked loss never makes the whole
         [B, S, vocab] logits), otherwise Keras' own step."""
+        if self.preference_step is not None:
+            return self.preference_step.test_step(self, data)
         if self.loss_from_backbone():
             return step.backbone_test_step(self, data)
         return super().test_step(data)

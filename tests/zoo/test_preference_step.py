@@ -1,0 +1,157 @@
+"""zoo.preference: the DPO / SimPO training step with no second model. The reference with LoRA's adapters
+off is the base model exactly; stored reference log-probabilities train exactly as the in-step reference;
+the step's loss, rewards and gradients are the ops' on the policy's and reference's scores; bad settings
+are refused by name. Parity with TRL's DPOTrainer + PEFT: tests/recipes/test_dpo.py."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import zoo
+from tests.common import TINY_DEC
+from zoo.ops.preference import dpo_loss, sequence_logps
+
+VOCAB, PAIRS, SEQ = 97, 4, 12
+
+
+def tiny(seed=0, lora=True):
+    keras.utils.set_random_seed(seed)
+    model = zoo.get("dec-base", task="causal_lm", **dict(TINY_DEC, vocab_size=VOCAB))
+    if lora:
+        zoo.lora.enable_lora(model, rank=4, alpha=8, targets="all-linear")
+        rng = np.random.default_rng(seed + 1)
+        for layer in zoo.lora.adapters(model).values():  # B is zero at first: make the adapters matter
+            layer.lora_kernel_b.assign(rng.normal(0, 0.05, layer.lora_kernel_b.shape).astype("float32"))
+    return model
+
+
+def batch(seed=0):
+    rng = np.random.default_rng(seed)
+    x = {"token_ids": rng.integers(1, VOCAB, (PAIRS, 2, SEQ)).astype("int32"),
+         "padding_mask": np.ones((PAIRS, 2, SEQ), "int32")}
+    weights = np.zeros((PAIRS, 2, SEQ), "float32")
+    for p in range(PAIRS):  # uneven prompts and completions, right-padded
+        start, end = 2 + p % 3, SEQ - (p % 2) * 3
+        weights[p, :, start:end] = 1
+        x["padding_mask"][p, :, end:] = 0
+    y = {"targets": rng.integers(1, VOCAB, (PAIRS, 2, SEQ)).astype("int32"), "weights": weights}
+    return x, y
+
+
+def scores(model, x, y):
+    rows = zoo.preference.rows
+    hidden = model.backbone({k: rows(tf.constant(v)) for k, v in x.items()})["sequence_output"]
+    return sequence_logps(hidden, model.lm_logits, rows(tf.constant(y["targets"])), rows(tf.constant(y["weights"])),
+                          chunk_size=4, gradients=False).numpy()
+
+
+def test_adapters_off_is_the_base_model_exactly():
+    x, y = batch()
+    with_lora = tiny(lora=True)
+    base = tiny(lora=False)
+    with zoo.lora.adapters_off(with_lora):
+        off = scores(with_lora, x, y)
+    np.testing.assert_array_equal(off, scores(base, x, y))
+    assert np.abs(scores(with_lora, x, y) - off).max() > 1e-3  # the adapters are on again, and they matter
+    with pytest.raises(ValueError, match="no LoRA adapters to switch off"):
+        with zoo.lora.adapters_off(base):
+            pass
+
+
+def one_step(model, data, **settings):
+    zoo.preference.set_preference(model, "dpo", beta=0.1, **settings)
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=None)
+    logs = model.train_on_batch(*data, return_dict=True)
+    return logs, [v.numpy() for v in model.trainable_variables]
+
+
+def test_stored_reference_trains_as_the_in_step_reference():
+    x, y = batch()
+    model = tiny()
+    stored = zoo.preference.reference_logps(model, [(x, y)], adapters_off=True)
+    assert stored.shape == (PAIRS, 2)
+    logs_in_step, weights_in_step = one_step(model, (x, y), reference="adapters")
+    model = tiny()
+    logs_stored, weights_stored = one_step(model, (x, {**y, "reference_logps": stored}), reference="stored")
+    for name in logs_in_step:
+        np.testing.assert_allclose(logs_stored[name], logs_in_step[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    moved = max(np.abs(a - b).max() for a, b in zip(weights_stored, [v.numpy() for v in tiny().trainable_variables]))
+    assert moved > 1e-4
+    for a, b in zip(weights_stored, weights_in_step):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_the_step_is_the_dpo_loss_of_the_scores_and_its_metrics():
+    x, y = batch(1)
+    model = tiny(2)
+    with zoo.lora.adapters_off(model):
+        reference = scores(model, x, y)
+    policy = scores(model, x, y)
+    losses, chosen, rejected = dpo_loss(policy[:PAIRS], policy[PAIRS:], reference[:PAIRS], reference[PAIRS:], 0.1)
+    zoo.preference.set_preference(model, "dpo", beta=0.1)
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss=None)
+    logs = model.test_on_batch(x, y, return_dict=True)
+    np.testing.assert_allclose(logs["loss"], np.mean(losses), rtol=1e-6)
+    np.testing.assert_allclose(logs["rewards/chosen"], np.mean(chosen), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logs["rewards/margins"], np.mean(chosen - rejected), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logs["rewards/accuracies"], np.mean(chosen > rejected))
+    np.testing.assert_allclose(logs["logps/rejected"], policy[PAIRS:].mean(), rtol=1e-6)
+
+
+def test_gradients_are_those_of_the_mean_loss_with_the_reference_held():
+    x, y = batch(3)
+    model = tiny(4)
+    with zoo.lora.adapters_off(model):
+        reference = tf.constant(scores(model, x, y))
+    rows = zoo.preference.rows
+    variables = model.trainable_variables
+    with tf.GradientTape() as tape:  # whole logits, no chunks: an independent route to the same gradient
+        hidden = model.backbone({k: rows(tf.constant(v)) for k, v in x.items()})["sequence_output"]
+        per = -tf.nn.sparse_softmax_cross_entropy_with_logits(labels=rows(tf.constant(y["targets"])),
+                                                               logits=model.lm_logits(hidden))
+        policy = tf.reduce_sum(per * rows(tf.constant(y["weights"])), axis=1)
+        losses, _, _ = dpo_loss(policy[:PAIRS], policy[PAIRS:], reference[:PAIRS], reference[PAIRS:], 0.1)
+        loss = tf.reduce_mean(losses)
+    expected = [g.numpy() for g in tape.gradient(loss, variables)]
+    before = [v.numpy() for v in variables]
+    _, after = one_step(model, (x, y))  # SGD(0.5): w - 0.5 g
+    for w0, w1, g in zip(before, after, expected):
+        np.testing.assert_allclose((w0 - w1) / 0.5, g, rtol=1e-4, atol=1e-6)
+
+
+def test_simpo_trains_without_a_reference():
+    x, y = batch(5)
+    model = tiny(6, lora=False)
+    zoo.preference.set_preference(model, "simpo", beta=2.0, gamma=1.0)
+    model.compile(optimizer=keras.optimizers.SGD(1e-2), loss=None)
+    first = model.train_on_batch(x, y, return_dict=True)["loss"]
+    for _ in range(3):
+        last = model.train_on_batch(x, y, return_dict=True)["loss"]
+    assert last < first
+
+
+def test_bad_settings_and_batches_are_refused_by_name():
+    with_lora, base = tiny(), tiny(lora=False)
+    with pytest.raises(ValueError, match="beta must be a positive number"):
+        zoo.preference.set_preference(with_lora, "dpo", beta=0.0)
+    with pytest.raises(ValueError, match="beta must be a positive number"):
+        zoo.preference.set_preference(with_lora, "dpo", beta=-1)
+    with pytest.raises(ValueError, match="Unknown DPO loss_type 'hinge'"):
+        zoo.preference.set_preference(with_lora, "dpo", loss_type="hinge")
+    with pytest.raises(ValueError, match="Unknown preference loss 'orpo'"):
+        zoo.preference.set_preference(with_lora, "orpo")
+    with pytest.raises(ValueError, match="SimPO has no reference"):
+        zoo.preference.set_preference(with_lora, "simpo", reference="adapters")
+    with pytest.raises(ValueError, match="this model has no LoRA"):
+        zoo.preference.set_preference(base, "dpo", reference="adapters")
+    assert zoo.preference.set_preference(base, "dpo").reference == "stored"  # "auto" without LoRA
+    base.compile(optimizer=keras.optimizers.SGD(0.1), loss=None)
+    x, y = batch()
+    with pytest.raises(ValueError, match="reference='stored' reads each batch's y\\['reference_logps'\\]"):
+        base.train_on_batch(x, y)
+    with pytest.raises(ValueError, match="'token_ids' of shape \\[pairs, 2, sequence\\]"):
+        base.train_on_batch({k: v[:, 0] for k, v in x.items()}, y)
+    with pytest.raises(ValueError, match="Preference tuning scores completions with an LM head"):
+        zoo.preference.set_preference(zoo.get("enc-base", task="masked_lm", num_layers=1, hidden_dim=32,
+                                              num_heads=2, intermediate_dim=64, vocab_size=VOCAB), "dpo")
