@@ -155,3 +155,12 @@ def test_bad_settings_and_batches_are_refused_by_name():
     with pytest.raises(ValueError, match="Preference tuning scores completions with an LM head"):
         zoo.preference.set_preference(zoo.get("enc-base", task="masked_lm", num_layers=1, hidden_dim=32,
                                               num_heads=2, intermediate_dim=64, vocab_size=VOCAB), "dpo")
+
+
+def test_the_planner_counts_two_rows_a_pair_and_refuses_what_the_step_refuses():
+    lora = dict(lora_rank=16, lora_targets="all-linear", quantize="int4")
+    pairs = zoo.memory.estimate("dec-1b", 2, 1024, "mixed_bfloat16", "full", preference=True, **lora)
+    rows = zoo.memory.estimate("dec-1b", 4, 1024, "mixed_bfloat16", "full", **lora)
+    assert pairs.total == rows.total > zoo.memory.estimate("dec-1b", 2, 1024, "mixed_bfloat16", "full", **lora).total
+    with pytest.raises(ValueError, match="without the fused update or packed rows"):
+        zoo.memory.estimate("dec-1b", 2, 1024, "mixed_bfloat16", "full", fused=True, preference=True)

@@ -39,12 +39,15 @@ def _plan(args):
     targets = args.lora_targets if args.lora_targets in (None, "all-linear") else args.lora_targets.split(",")
     options = {"precision": args.precision, "task": args.task, "optimizer": args.optimizer,
                "weights_dtype": args.weights_dtype, "lora_rank": args.lora_rank, "lora_targets": targets,
-               "quantize": args.quantize, "packed": args.packing}
+               "quantize": args.quantize, "packed": args.packing, "preference": args.preference}
     policy, rounding = checks.weights(args.weights_dtype, args.precision, frozen=lora)
     weights = f", {args.weights_dtype} weights ({rounding} rounding)" if rounding else ""
     adapted = (f"; LoRA r{args.lora_rank} on {args.lora_targets or 'the default targets'}"
                + (f", {args.quantize} base" if args.quantize else "")) if lora else ""
     adapted += "; packed rows (examples numbered in the padding mask)" if args.packing else ""
+    adapted += "; preference pairs (--batch-size pairs, two rows each)" if args.preference else ""
+    if args.preference:
+        configs = [c for c in configs if "fused" not in c]
     if args.replicas > 1:  # every figure below is one replica's, at its slice of the global batch
         options["replicas"] = args.replicas
         print(f"{args.model}: global batch {args.batch_size} = {args.replicas} replicas x {batch} on {args.hosts} "
@@ -116,6 +119,8 @@ def register(subparsers):
                    help="with --lora-rank: the frozen base's storage (Keras' Model.quantize)")
     p.add_argument("--packing", action="store_true",
                    help="rows packed with whole examples (zoo train --recipe sft --packing): per-row positions")
+    p.add_argument("--preference", action="store_true",
+                   help="a DPO / SimPO step (zoo train --recipe dpo): --batch-size counts pairs, two rows each")
     p.add_argument("--replicas", type=int, default=1,
                    help="data-parallel replicas (devices); --batch-size is then the GLOBAL batch, split evenly")
     p.add_argument("--hosts", type=int, default=1, help="with --replicas: hosts the replicas spread over evenly")

@@ -242,7 +242,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
              chunk_size: int | None = None, fused: bool = False, loss_chunk: int | None = None,
              accumulation_steps: int = 1, weights_dtype: str = "float32", lora_rank: int | None = None,
              lora_targets=None, quantize: str | None = None, replicas: int = 1,
-             packed: bool = False) -> MemoryEstimate:
+             packed: bool = False, preference: bool = False) -> MemoryEstimate:
     """Bytes one training step holds at its peak, by component: what the TF allocator's
     peak shows for a process that builds the model and the optimizer and trains.
 
@@ -275,6 +275,10 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
         packed: rows pack several examples (ZooModel.set_packed): a packed row costs what an unpadded
             row of the same length does, plus `_packed_bytes` (rotary positions per row, document
             spans), counted in the activations.
+        preference: a preference-tuning step (zoo.preference): `batch_size` counts PAIRS, and each is two
+            rows (chosen, rejected) through the backbone and the chunked scores (the LM loss's chunks).
+            The reference pass (LoRA's adapters off) runs before the policy's, without a tape, and keeps
+            only [2 x pairs] scores: it adds nothing to the peak.
 
     Returns:
         A `MemoryEstimate` (bytes per component and `.total`).
@@ -292,6 +296,11 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
     optimizer_state.check_weights(optimizer, weights_dtype)
     policy, fused = split_config(checkpointing, fused, accumulation_steps)
     checks.lora(lora_rank, None, quantize, fused)
+    if preference:
+        if fused or task != "causal_lm" or packed:
+            raise ValueError("preference=True plans zoo.preference's step: a causal LM's, without the fused update "
+                             "or packed rows.")
+        batch_size *= 2  # the chosen and the rejected row of each pair
     shapes = variable_shapes(s, task)
     params = count(shapes)
     vbytes = _variable_bytes(precision)
