@@ -38,6 +38,7 @@ import tensorflow as tf
 from zoo.chat import ChatTemplateError
 
 FORMATS = {"messages": ("messages",), "prompt-completion": ("prompt", "completion"), "text": ("text",)}
+DESCRIBED = "TRL's conversational, prompt/completion and language-modeling formats"
 LOSS_ON = ("assistant", "all")  # "assistant": assistant turns, or the completion; "all": every token
 PACK_WINDOW = 1024  # examples packed together (best-fit decreasing inside a shuffled window)
 
@@ -54,11 +55,13 @@ class Report:
     trained_tokens: int = 0
     tokens: int = 0
     dropped_rows: list = field(default_factory=list)  # the first few dropped rows' numbers, for the message
+    unit: str = "example"  # what a row is read as ("pair": preference data)
 
     def lines(self, sequence_length) -> list[str]:
-        out = [f"{self.kept} of {self.rows} examples kept: {self.tokens:,} tokens, {self.trained_tokens:,} trained on."]
+        out = [f"{self.kept} of {self.rows} {self.unit}s kept: {self.tokens:,} tokens, {self.trained_tokens:,} trained "
+               "on."]
         if self.too_long:
-            out.append(f"Dropped {self.too_long} example(s) longer than {sequence_length} positions (the longest "
+            out.append(f"Dropped {self.too_long} {self.unit}(s) longer than {sequence_length} positions (the longest "
                        f"has {self.longest}); raise --sequence-length to keep them.")
         if self.no_trained_token:
             out.append(f"Dropped {self.no_trained_token} example(s) with no token to train on (no assistant "
@@ -69,12 +72,13 @@ class Report:
         return out
 
 
-def read_rows(path) -> tuple[str, list[dict]]:
-    """(format, rows) of a JSONL file; a row of another format, or none, is refused by number."""
+def read_rows(path, formats=FORMATS, described=DESCRIBED) -> tuple[str, list[dict]]:
+    """(format, rows) of a JSONL file; a row of another format, or none, is refused by number.
+    `formats` maps each format to the keys that make it (the first that fits a row is its format);
+    `described` names them in messages (recipes.dpo_data reads preference rows with its own)."""
     path = os.fspath(path)
     if not path.endswith(".jsonl") or not os.path.isfile(path):
-        raise FileNotFoundError(f"Fine-tuning data {path!r} is not a .jsonl file; pass JSONL rows of messages, "
-                                "prompt/completion or text.")
+        raise FileNotFoundError(f"Fine-tuning data {path!r} is not a .jsonl file; pass JSONL rows in {described}.")
     rows = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -85,23 +89,23 @@ def read_rows(path) -> tuple[str, list[dict]]:
                     raise ValueError(f"{path}, line {number}: not JSON ({error.msg}).") from None
     if not rows:
         raise ValueError(f"{path} holds no rows.")
-    kind = format_of(rows[0], path, 1)
+    kind = format_of(rows[0], path, 1, formats, described)
     for number, row in enumerate(rows, 1):
-        if format_of(row, path, number) != kind:
-            raise ValueError(f"{path}, row {number}: a {format_of(row, path, number)!r} row in a {kind!r} file; "
+        if (found := format_of(row, path, number, formats, described)) != kind:
+            raise ValueError(f"{path}, row {number}: a {found!r} row in a {kind!r} file; "
                              "every row must have the first row's format.")
     return kind, rows
 
 
-def format_of(row, path, number) -> str:
+def format_of(row, path, number, formats=FORMATS, described=DESCRIBED) -> str:
     if isinstance(row, dict):
-        for kind, keys in FORMATS.items():
+        for kind, keys in formats.items():
             if all(k in row for k in keys):
                 return kind
-    wanted = "; ".join(" + ".join(repr(k) for k in keys) for keys in FORMATS.values())
+    wanted = "; ".join(" + ".join(repr(k) for k in keys) for keys in formats.values())
     found = sorted(row) if isinstance(row, dict) else type(row).__name__
     raise ValueError(f"{path}, row {number}: no fine-tuning fields (found {found}); each row needs one of: {wanted} "
-                     "(TRL's conversational, prompt/completion and language-modeling formats).")
+                     f"({described}).")
 
 
 def _text_and_spans(kind, row, template, eos):

@@ -1,0 +1,264 @@
+"""Preference data: JSONL rows in TRL's preference formats, as pairs of token rows (chosen, rejected) whose
+masks mark the completion tokens, in [pairs, 2, S] batches for `zoo.preference`'s step.
+
+Row formats (the first row decides; every row must have the same):
+  {"prompt", "chosen", "rejected"}   explicit prompt: strings, or a list of messages and, for each answer, a
+                                     list of assistant messages
+  {"chosen", "rejected"}             implicit prompt: two strings, or two whole conversations that share every
+                                     turn but the last (the answers); the prompt is what they share, as TRL's
+                                     `extract_prompt` takes it
+Conversations are rendered by the checkpoint's chat template (zoo.chat), plain strings are concatenated and
+the answers end with the end-of-sequence token (unless they already do).
+
+The tokens are those of trl 1.16's `DPOTrainer._prepare_dataset`, exactly (tests/fixtures/dpo_peft/data.json):
+prompt + answer is tokenized as one text, and the prompt alone too; the completion starts where the two
+token sequences part (the shorter of the chosen's and the rejected's common prefix with the prompt), and runs
+to the end. So a token that merges across the boundary (a prompt ending in a space) is scored with the
+completion, the template's whitespace after the end-of-turn token is scored too (TRL's completion mask covers
+it; the SFT code's spans leave it out), and a template that renders the prompt differently alone costs
+nothing. Plain text is tokenized with the tokenizer's own special tokens (a BOS, where its post-processor adds
+one), as TRL's `tokenizer(text)` does; rendered conversations carry the template's.
+
+A pair of n-token sequences trains n - 1 positions per side (inputs ids[:-1], targets ids[1:], weights
+mask[1:], as recipes.sft_data). A pair with either side longer than the sequence length is DROPPED (not
+truncated: truncation cuts the answers off), counted and reported; an empty answer, or a row that does not
+fit its format, is refused with its row number and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from recipes import sft_data
+from zoo.chat import ChatTemplateError, Encoded
+
+FORMATS = {"explicit": ("prompt", "chosen", "rejected"), "implicit": ("chosen", "rejected")}
+DESCRIBED = "TRL's preference formats: explicit prompt/chosen/rejected, implicit chosen/rejected"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One preference pair: the 1-based row it came from, and the two token sequences (prompt + answer),
+    each with `mask` 1 on its completion tokens."""
+
+    number: int
+    chosen: Encoded
+    rejected: Encoded
+
+
+def read_rows(path) -> tuple[str, list[dict]]:
+    """("explicit" or "implicit", rows) of a JSONL file; a row of neither format is refused by number."""
+    return sft_data.read_rows(path, FORMATS, DESCRIBED)
+
+
+def conversational(row) -> bool:
+    """TRL's `is_conversational`: the answers are lists of messages."""
+    return isinstance(row.get("chosen"), list)
+
+
+def extract_prompt(chosen, rejected):
+    """TRL's `extract_prompt`: (prompt, chosen, rejected) from two texts or conversations that share the
+    prompt; for text, a space before the first differing character goes to the answers."""
+    at = 0
+    for at in range(min(len(chosen), len(rejected))):
+        if chosen[at] != rejected[at]:
+            if chosen[at - 1] == " ":
+                at -= 1
+            break
+    return chosen[:at], chosen[at:], rejected[at:]
+
+
+def _split(kind, row, is_conversational):
+    """(prompt, chosen, rejected) of one row, checked; raises ValueError saying what is wrong."""
+    sides = ("chosen", "rejected") if kind == "implicit" else ("prompt", "chosen", "rejected")
+    wanted = list if is_conversational else str
+    for side in sides:
+        if not isinstance(row[side], wanted):
+            raise ValueError(f"{side!r} is a {type(row[side]).__name__} where the file's first row makes it "
+                             f"{'a list of messages' if is_conversational else 'a string'}; every row must have the "
+                             "first row's form (plain strings, or conversations).")
+    if kind == "implicit" and row["chosen"] == row["rejected"]:
+        raise ValueError("chosen and rejected are the same: there is no preference to learn, and no answer to "
+                         "tell from the prompt.")
+    if not is_conversational:
+        return extract_prompt(row["chosen"], row["rejected"]) if kind == "implicit" else tuple(row[s] for s in sides)
+    if kind == "implicit":
+        prompt, chosen, rejected = extract_prompt(row["chosen"], row["rejected"])
+        if len(chosen) != 1 or len(rejected) != 1:
+            raise ValueError(f"chosen and rejected must be conversations that share every turn but the last (the "
+                             f"answers); these share {len(prompt)} of {len(row['chosen'])} and "
+                             f"{len(row['rejected'])} turns. Put the answers in the last turn, or use explicit "
+                             "prompt/chosen/rejected rows.")
+    else:
+        prompt, chosen, rejected = row["prompt"], row["chosen"], row["rejected"]
+    if not prompt:
+        raise ValueError("the prompt is empty: a conversational pair answers a prompt of one or more messages.")
+    for side, messages in (("chosen", chosen), ("rejected", rejected)):
+        if not messages:
+            raise ValueError(f"{side} holds no message; it must be the assistant's answer "
+                             "([{'role': 'assistant', 'content': ...}]).")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") != "assistant":
+                role = message.get("role") if isinstance(message, dict) else type(message).__name__
+                raise ValueError(f"{side}'s message {i} is {role!r}, not the assistant's: chosen and rejected are "
+                                 "the assistant's answer ([{'role': 'assistant', 'content': ...}]); put the other "
+                                 "turns in the prompt.")
+    return prompt, chosen, rejected
+
+
+def _empty(answer) -> bool:
+    if isinstance(answer, str):
+        return answer == ""
+    return all(message.get("content") in ("", None, []) for message in answer)
+
+
+def _texts(prompt, chosen, rejected, template, eos):
+    """The prompt alone and prompt + each answer, as TRL renders them before tokenizing."""
+    if isinstance(prompt, str):
+        chosen, rejected = (a if a.endswith(eos) else a + eos for a in (chosen, rejected))
+        return prompt, prompt + chosen, prompt + rejected
+    return (template.render(prompt, add_generation_prompt=True), template.render(list(prompt) + list(chosen)),
+            template.render(list(prompt) + list(rejected)))
+
+
+def _common_prefix(a, b) -> int:
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
+
+
+def pairs(kind, rows, template, tokenizer, sequence_length, numbers=None, eos=None) -> tuple[list[Pair],
+                                                                                                sft_data.Report]:
+    """The rows as `Pair`s that fit `sequence_length` positions, and a `sft_data.Report` (unit "pair") of
+    what was dropped.
+
+    Args:
+        kind, rows: what `read_rows` returns.
+        template: the checkpoint's `zoo.chat.ChatTemplate` (None: plain rows only).
+        tokenizer: the checkpoint's `zoo.chat.ChatTokenizer`.
+        sequence_length: positions a sequence trains (n tokens are n - 1 positions).
+        numbers: the 1-based numbers of the rows to take (default: all), as messages name them.
+        eos: appended to plain answers that do not end with it (default: the template's eos_token).
+    """
+    is_conversational = conversational(rows[0])  # the file's first row, so that every split agrees
+    if is_conversational and template is None:
+        raise ChatTemplateError("Conversations need the checkpoint's chat template; pass --chat-template FILE.")
+    eos = eos if eos is not None else (template.special_tokens.get("eos_token", "") if template else "")
+    numbers = list(numbers) if numbers is not None else list(range(1, len(rows) + 1))
+    texts = []
+    for number in numbers:
+        try:
+            prompt, chosen, rejected = _split(kind, rows[number - 1], is_conversational)
+            for side, answer in (("chosen", chosen), ("rejected", rejected)):
+                if _empty(answer):
+                    raise ValueError(f"the {side} answer is empty; every pair needs two answers to compare (drop "
+                                     "the row, or fill it in).")
+            texts += _texts(prompt, chosen, rejected, template, eos)
+        except ChatTemplateError as error:
+            raise ChatTemplateError(f"Row {number}: {error}") from None
+        except ValueError as error:
+            raise ValueError(f"Row {number}: {error}") from None
+    ids = [np.asarray(e.ids, np.int32) for e in tokenizer.tokenizer.encode_batch(
+        texts, add_special_tokens=not is_conversational)]  # TRL: tokenizer(text), or the template's tokens
+    report, kept = sft_data.Report(rows=len(numbers), unit="pair"), []
+    for i, number in enumerate(numbers):
+        prompt, chosen, rejected = ids[3 * i:3 * i + 3]
+        start = min(_common_prefix(prompt, chosen), _common_prefix(prompt, rejected))
+        sides = [Encoded(s, (np.arange(len(s)) >= start).astype(np.int8)) for s in (chosen, rejected)]
+        for side, encoded in zip(("chosen", "rejected"), sides):
+            if not encoded.mask[1:].any():
+                raise ValueError(f"Row {number}: the {side} answer has no token to score after the prompt's "
+                                 f"{start} (it adds nothing to the prompt's tokens); fill it in or drop the row.")
+        positions = max(len(s.ids) for s in sides) - 1
+        report.longest = max(report.longest, positions)
+        if positions > sequence_length:
+            report.too_long += 1
+            if len(report.dropped_rows) < 10:
+                report.dropped_rows.append(number)
+            continue
+        kept.append(Pair(number, *sides))
+        report.tokens += sum(len(s.ids) - 1 for s in sides)
+        report.trained_tokens += sum(int(s.mask[1:].sum()) for s in sides)
+    report.kept = len(kept)
+    return kept, report
+
+
+# ----------------------------------------------------------------------------- batches
+def _batch(pairs_, length, reference_rows=None):
+    """(x, y) of a list of pairs: each side a row of sft_data's layout (pad id 0), stacked [P, 2, length]."""
+    rows = [sft_data._row([side], length, 0, False) for p in pairs_ for side in (p.chosen, p.rejected)]
+    ids, mask, targets, weights = (np.stack(a).reshape(len(pairs_), 2, length) for a in zip(*rows))
+    y = {"targets": targets, "weights": weights}
+    if reference_rows is not None:
+        y["reference_logps"] = reference_rows
+    return {"token_ids": ids, "padding_mask": mask}, y
+
+
+def _checked_reference(pairs_, reference):
+    if reference is None:
+        return None
+    reference = np.asarray(reference, np.float32)
+    if reference.shape != (len(pairs_), 2):
+        raise ValueError(f"reference holds {reference.shape} log-probabilities; want [{len(pairs_)}, 2] (chosen, "
+                         "rejected), one row per pair in the order of `pairs`.")
+    return reference
+
+
+def batches(pairs_, recipe, training=True, skip=0, reference=None):
+    """Python generator of (x, y) numpy batches of `recipe.batch_size` pairs; training: epochs forever in
+    the seeded order of sft_data.epoch_rows, whole batches only, the first `skip` batches skipped."""
+    size, length = recipe.batch_size, recipe.sequence_length
+    reference = _checked_reference(pairs_, reference)
+    epoch, seen = 0, 0
+    while True:
+        order = [i for (i,) in sft_data.epoch_rows(list(range(len(pairs_))), length, recipe.seed, epoch, False)]
+        stop = len(order) - len(order) % size if training else len(order)
+        if training and stop == 0:
+            raise ValueError(f"{len(order)} pair(s) make no batch of {size}; lower --batch-size.")
+        for start in range(0, stop, size):
+            seen += 1
+            if seen <= skip:
+                continue
+            at = order[start:start + size]
+            yield _batch([pairs_[i] for i in at], length, None if reference is None else reference[at])
+        if not training:
+            return
+        epoch += 1
+
+
+def dataset(pairs_, recipe, training=True, skip=0, reference=None) -> tf.data.Dataset:
+    """`batches` as a tf.data pipeline for `fit`: (x, y) with x {"token_ids", "padding_mask"} int32
+    [P, 2, S] and y {"targets" int32, "weights" float32 [P, 2, S], "reference_logps" float32 [P, 2] when
+    `reference` is given}; index 0 of the second axis is the chosen sequence, 1 the rejected."""
+    ints = tf.TensorSpec((None, 2, recipe.sequence_length), tf.int32)
+    y = {"targets": ints, "weights": tf.TensorSpec((None, 2, recipe.sequence_length), tf.float32)}
+    if reference is not None:
+        y["reference_logps"] = tf.TensorSpec((None, 2), tf.float32)
+    spec = ({"token_ids": ints, "padding_mask": ints}, y)
+    ds = tf.data.Dataset.from_generator(lambda: batches(pairs_, recipe, training, skip, reference),
+                                        output_signature=spec)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def reference_batches(pairs_, batch_size, sequence_length):
+    """One pass in the pairs' order, the last batch partial: (indices, x, y) numpy, the layout of `dataset`,
+    for the pass that scores every pair with the reference before training."""
+    for start in range(0, len(pairs_), batch_size):
+        indices = np.arange(start, min(start + batch_size, len(pairs_)))
+        yield (indices, *_batch([pairs_[i] for i in indices], sequence_length))
+
+
+def statistics(pairs_, sequence_length=None) -> dict:
+    """Counts and mean lengths of the pairs, and the padding fraction of their rows padded to
+    `sequence_length` (default: the longest sequence, as a batch-wise padder would see the worst batch)."""
+    sides = [s for p in pairs_ for s in (p.chosen, p.rejected)]
+    positions = [len(s.ids) - 1 for s in sides]
+    length = sequence_length or max(positions, default=0)
+    chosen, rejected = [len(p.chosen.ids) for p in pairs_], [len(p.rejected.ids) for p in pairs_]
+    return {"pairs": len(pairs_), "chosen_tokens": float(np.mean(chosen or [0])),
+            "rejected_tokens": float(np.mean(rejected or [0])),
+            "completion_tokens": float(np.mean([int(s.mask[1:].sum()) for s in sides] or [0])),
+            "padding_fraction": 1 - sum(positions) / (len(sides) * length) if sides and length else 0.0}
