@@ -3,13 +3,15 @@ off is the base model exactly; stored reference log-probabilities train exactly 
 the step's loss, rewards and gradients are the ops' on the policy's and reference's scores; bad settings
 are refused by name. Parity with TRL's DPOTrainer + PEFT: tests/recipes/test_dpo.py."""
 
+import json
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import zoo
-from tests.common import TINY_DEC
+from tests.common import REPO, TINY_DEC
 from zoo.ops.preference import dpo_loss, sequence_logps
 
 VOCAB, PAIRS, SEQ = 97, 4, 12
@@ -164,3 +166,60 @@ def test_the_planner_counts_two_rows_a_pair_and_refuses_what_the_step_refuses():
     assert pairs.total == rows.total > zoo.memory.estimate("dec-1b", 2, 1024, "mixed_bfloat16", "full", **lora).total
     with pytest.raises(ValueError, match="without the fused update or packed rows"):
         zoo.memory.estimate("dec-1b", 2, 1024, "mixed_bfloat16", "full", fused=True, preference=True)
+
+
+# --- parity with TRL's DPOTrainer + PEFT (tests/fixtures/dpo_peft, tools/make_dpo_peft_fixtures.py) -------------
+def trl_pairs():
+    """tests/fixtures/dpo's padded batch (TRL's collator: chosen rows, then rejected) as [pairs, 2, S] rows."""
+    batch = {k: np.array(v) for k, v in json.loads((REPO / "tests/fixtures/dpo/expected.json").read_text())[
+        "batch"].items()}
+    half = len(batch["input_ids"]) // 2
+    pair = lambda a: np.stack([a[:half], a[half:]], axis=1)  # noqa: E731
+    ids, mask, completion = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
+    x = {"token_ids": pair(ids[:, :-1]).astype("int32"), "padding_mask": pair(mask[:, :-1]).astype("int32")}
+    return x, {"targets": pair(ids[:, 1:]).astype("int32"), "weights": pair(completion[:, 1:]).astype("float32")}
+
+
+def test_lora_dpo_equals_trl_dpo_trainer_with_peft(capsys):
+    peft = REPO / "tests" / "fixtures" / "dpo_peft"
+    want = json.loads((peft / "peft.json").read_text())
+    assert want["versions"]["trl"] == "1.16.0" and want["loss_type"] == "sigmoid"
+    model = zoo.hub.load(REPO / "tests/fixtures/dpo/model", tokenizer=False)
+    zoo.hub.load_adapter(model, peft / "adapter")
+    zoo.preference.set_preference(model, "dpo", beta=want["beta"])  # the reference: the adapters off, as TRL's
+    x, y = trl_pairs()
+    figures = {"ref": zoo.preference.reference_logps(model, [(x, y)], adapters_off=True),
+               "policy": zoo.preference.reference_logps(model, [(x, y)])}
+    differences = {
+        "reference logps": np.abs(figures["ref"] - np.stack([want["ref_chosen_logps"], want["ref_rejected_logps"]],
+                                                            1)).max(),
+        "policy logps": np.abs(figures["policy"] - np.stack([want["chosen_logps"], want["rejected_logps"]], 1)).max()}
+    # Keras folds Adam's bias corrections into the learning rate, so its epsilon meets sqrt(v) where torch's meets
+    # sqrt(v / (1 - beta_2^t)): at step 1, Keras' epsilon * sqrt(1 - beta_2) is torch's epsilon.
+    adamw = keras.optimizers.AdamW(1e-3, weight_decay=0.0, epsilon=1e-8 * np.sqrt(1 - 0.999), global_clipnorm=1.0)
+    model.compile(optimizer=adamw, loss=None)
+    logs = model.test_on_batch(x, y, return_dict=True)
+    differences["loss"] = abs(logs["loss"] - want["loss"])
+    differences["metrics"] = max(abs(logs[k] - v) for k, v in want["metrics"].items())
+
+    adapters = zoo.lora.adapters(model)
+    variables = {f"base_model.model.{name}.lora_{part}.weight": getattr(layer, f"lora_kernel_{part.lower()}")
+                 for name, layer in adapters.items() for part in ("A", "B")}
+    step = model.preference_step
+    with tf.GradientTape() as tape:  # the step's own pieces: its reference, scores and loss
+        inputs, targets, weights = step._rows(x, y)
+        reference = step._reference(model, inputs, targets, weights, y)
+        loss = step._loss(zoo.preference.sequence_scores(model, inputs, targets, weights), reference, weights)
+    grads = dict(zip(variables, tape.gradient(loss, list(variables.values()))))
+    theirs = np.load(peft / "peft_gradients.npz")
+    assert sorted(theirs) == sorted(variables)  # every LoRA factor, no other trained variable
+    differences["gradients"] = max(np.abs(grads[k].numpy().T - theirs[k]).max() for k in variables)
+    assert np.sqrt(sum(np.sum(g.numpy() ** 2) for g in grads.values())) == pytest.approx(want["grad_norm"], rel=1e-5)
+
+    model.train_on_batch(x, y)  # one AdamW step, clipped to global norm 1.0 (TRL's norm was 1.47)
+    after = np.load(peft / "peft_after_step.npz")
+    differences["after one AdamW step"] = max(np.abs(v.numpy().T - after[k]).max() for k, v in variables.items())
+    with capsys.disabled():
+        print("\nLoRA DPO vs TRL DPOTrainer + PEFT, max |zoo - TRL|: "
+              + ", ".join(f"{k} {v:.1e}" for k, v in differences.items()))
+    assert max(differences.values()) <= 1e-5
