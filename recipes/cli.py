@@ -79,6 +79,15 @@ def register(subparsers):
                    help="--recipe sft: the loss on assistant turns / completions only (default) or on every token")
     p.add_argument("--chat-template", metavar="FILE",
                    help="--recipe sft: a .jinja chat template instead of the checkpoint's own")
+    p.add_argument("--beta", type=float, help="--recipe dpo / simpo: DPO's beta (IPO's tau; default 0.1), SimPO's "
+                   "(default 2.0)")
+    p.add_argument("--loss-type", choices=("sigmoid", "ipo", "robust"), help="--recipe dpo: the DPO loss (TRL's names)")
+    p.add_argument("--label-smoothing", type=float,
+                   help="--recipe dpo: sigmoid: conservative DPO's epsilon; robust: the label flip rate")
+    p.add_argument("--simpo-gamma", type=float, help="--recipe simpo: the target reward margin (default 1.0)")
+    p.add_argument("--reference", metavar="FOLDER",
+                   help="--recipe dpo: a reference model that scores every pair once before training (default: "
+                   "the base without its LoRA adapters, or the starting weights; docs/dpo.md)")
     p.add_argument("--memory-budget", help="with --checkpointing auto: e.g. 24GiB (default: this device's memory)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="model spec override, repeatable (e.g. --override num_layers=2)")
@@ -103,7 +112,8 @@ def _train(args):
     fields = ("batch_size", "sequence_length", "accumulation_steps", "learning_rate", "warmup_steps", "log_every",
               "checkpoint_every", "vocabulary", "precision", "checkpointing", "optimizer", "fused", "fused_clip",
               "loss_chunk", "memory_budget", "weights_dtype", "rounding", "lora_rank", "lora_alpha", "lora_targets",
-              "quantize", "packing", "loss_on", "chat_template")
+              "quantize", "packing", "loss_on", "chat_template", "beta", "loss_type", "label_smoothing",
+              "simpo_gamma", "reference")
     changes = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
     if args.override:
         changes["model_overrides"] = dict(_override(o) for o in args.override)

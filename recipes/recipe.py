@@ -69,6 +69,13 @@ class Recipe:
     loss_on: str = "assistant"  # "assistant": assistant turns / completions only; "all": every token
     packing: bool = False  # whole examples packed into each row, attention within each (best-fit decreasing)
     chat_template: str | None = None  # a .jinja file replacing the checkpoint's own template
+    # preference tuning (recipes.dpo): JSONL rows of prompt / chosen / rejected (recipes.dpo_data, zoo.preference)
+    preference: str | None = None  # "dpo" or "simpo": a causal LM on preference pairs
+    beta: float = 0.1  # DPO's beta (IPO's tau), SimPO's beta
+    loss_type: str = "sigmoid"  # DPO: "sigmoid", "ipo" or "robust"
+    label_smoothing: float = 0.0  # DPO sigmoid: conservative DPO's epsilon; robust: the flip rate
+    simpo_gamma: float = 1.0  # SimPO's target reward margin
+    reference: str | None = None  # a Hugging Face folder scored once before training; None: LoRA's base, or the start
     mask_rate: float = 0.15  # masked_lm only
     max_predictions: int = 20  # masked_lm only: masked positions per sequence
     vocabulary: str | None = None  # tokenizer files; None: the weights' tokenizer, or one trained on the corpus
@@ -135,7 +142,16 @@ class Recipe:
         if self.lora_rank is not None:
             lora.check_targets(self.spec, self.task, self.targets)
         check(self.loss_on in LOSS_ON, f"Unknown loss_on {self.loss_on!r}; known: {', '.join(LOSS_ON)}.")
-        if self.supervised:
+        if self.preference is not None:
+            check(self.task == "causal_lm" and not self.supervised, "Preference tuning trains a decoder (task "
+                  "causal_lm) on pairs; it is not supervised fine-tuning (supervised=False).")
+            check(not self.packing and self.loss_on == "assistant", "Preference tuning scores each completion on "
+                  "its own padded row: drop packing and loss_on.")
+            check(not self.fused, "Preference tuning does not run under the fused update; drop --fused.")
+            check(self.preference != "simpo" or self.reference is None, "SimPO has no reference; drop --reference.")
+            zoo.preference.Preference(self.preference, self.beta, self.loss_type, self.label_smoothing,
+                                      self.simpo_gamma, None if self.preference == "simpo" else "stored").check()
+        elif self.supervised:
             check(self.task == "causal_lm", "Supervised fine-tuning trains a decoder (task causal_lm).")
         else:
             check(not self.packing and self.chat_template is None and self.loss_on == "assistant",
@@ -143,6 +159,15 @@ class Recipe:
                   "(--recipe sft); a causal LM over a corpus already fills every row.")
 
     # -------------------------------------------------------------------------
+    @property
+    def preference_reference(self) -> str | None:
+        """Where a preference run's reference comes from (zoo.preference): "adapters" (a LoRA run's base,
+        in the step), "stored" (scored once before training: by `reference`, or the starting weights),
+        None (SimPO, or no preference tuning)."""
+        if self.preference != "dpo":
+            return None
+        return "adapters" if self.lora_rank and self.reference is None else "stored"
+
     @property
     def spec(self) -> zoo.ModelSpec:
         """The model's spec after `model_overrides` (num_classes is a task argument)."""
@@ -306,6 +331,20 @@ register("sft", Recipe(
     sequence_length=1024, lowercase=False, log_every=50, checkpoint_every=200,
     notes="Supervised fine-tuning on conversations (TRL SFTConfig defaults: lr 2e-5, linear decay, no warmup, no "
           "weight decay, clipping 1.0, max_length 1024); with LoRA, PEFT's examples use lr 1e-4 to 2e-4.",
+))
+register("dpo", Recipe(
+    task="causal_lm", model="dec-base", preference="dpo", beta=0.1, learning_rate=1e-6, beta_1=0.9, beta_2=0.999,
+    epsilon=1e-8, weight_decay=0.0, clipnorm=1.0, warmup_steps=0, steps=1000, decay="linear", batch_size=8,
+    sequence_length=1024, lowercase=False, log_every=50, checkpoint_every=200,
+    notes="DPO (Rafailov et al. 2023) with TRL DPOConfig's defaults: beta 0.1, sigmoid loss, lr 1e-6, linear decay, "
+          "no warmup, no weight decay, clipping 1.0, max_length 1024; with LoRA, TRL's examples use lr 5e-6 to 5e-5.",
+))
+register("simpo", Recipe(
+    task="causal_lm", model="dec-base", preference="simpo", beta=2.0, simpo_gamma=1.0, learning_rate=8e-7,
+    beta_1=0.9, beta_2=0.999, epsilon=1e-8, weight_decay=0.0, clipnorm=1.0, warmup_steps=0, steps=1000,
+    decay="linear", batch_size=8, sequence_length=1024, lowercase=False, log_every=50, checkpoint_every=200,
+    notes="SimPO (Meng et al. 2024), reference-free: the paper's beta 2.0, gamma 1.0 (gamma/beta 0.5), lr 8e-7 "
+          "(its Llama-3-Instruct settings), linear decay, clipping 1.0.",
 ))
 register("classify", Recipe(
     task="classifier", model="enc-base", learning_rate=2e-5, beta_1=0.9, beta_2=0.999, epsilon=1e-6,

@@ -50,6 +50,13 @@ class Result:
     data: dict | None = None  # supervised fine-tuning: rows an epoch, padding fraction (recipes.sft)
 
 
+def logged(key) -> bool:
+    """What the history and TensorBoard keep of fit's logs: the losses, and preference tuning's metrics
+    (zoo.preference: TRL's names, rewards/... and logps/..., with fit's val_ prefix for validation)."""
+    name = key.removeprefix("val_")
+    return name.endswith("loss") or name.startswith(("rewards/", "logps/"))
+
+
 class _Intervals(keras.callbacks.Callback):
     """Per-interval bookkeeping: history, TensorBoard scalars, checkpoints, throughput."""
 
@@ -77,7 +84,7 @@ class _Intervals(keras.callbacks.Callback):
         step = (epoch + 1) * self.interval
         opt = self.model.optimizer
         lr = float(opt.learning_rate)
-        row = {"step": step, "lr": lr, **{k: float(v) for k, v in (logs or {}).items() if k.endswith("loss")}}
+        row = {"step": step, "lr": lr, **{k: float(v) for k, v in (logs or {}).items() if logged(k)}}
         self.result.history.append(row)
         self.result.step = step
         with self.writer.as_default(step=step):
@@ -184,6 +191,9 @@ def build(recipe, num_classes=None):
         model.set_fused_update(True, recipe.fused_clip)
     if recipe.packing:
         model.set_packed(True)  # the padding mask numbers the examples of a row (recipes.sft_data)
+    if recipe.preference:  # the reference: LoRA's base, or log-probabilities stored before training (recipes.dpo)
+        zoo.preference.set_preference(model, recipe.preference, recipe.beta, recipe.loss_type, recipe.label_smoothing,
+                                      recipe.simpo_gamma, recipe.preference_reference)
     model.compile(
         optimizer=optim.optimizer(recipe, model),
         loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
@@ -285,6 +295,11 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
     >>> recipes.run(recipe, "reviews.csv", "runs/reviews", label_column="label").history[-1]
     """
     recipe, cluster = begin(recipe, steps, strategy, devices, collective_timeout)
+    if recipe.preference:
+        from recipes import dpo
+
+        return dpo.run(recipe, data, out_dir, validation_every=validation_every, validation_batches=validation_batches,
+                       callbacks=callbacks, verbose=verbose, hf_out=hf_out, strategy=cluster, merge=merge)
     if recipe.supervised:
         from recipes import sft
 

@@ -1,0 +1,91 @@
+"""Preference tuning runs (`zoo train --recipe dpo`): a LoRA run whose reference is its base (adapters off),
+logging TRL's metrics and writing a PEFT adapter; a full run whose reference is scored once before training
+and stored with the run, killed with SIGKILL and resumed bitwise from that store; a resumed run that lost its
+store refused with the fix. The checkpoint is the SFT tests' tiny Llama with the chat fixtures' tokenizer and
+Qwen2.5-style template; the pairs are made here (chosen: the right sum, rejected: a wrong one)."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+import recipes
+import zoo
+from recipes import dpo, dpo_data
+from tests.recipes.test_resume import final_state, run_killed_at_step_4
+from tests.recipes.test_sft import checkpoint, write_jsonl  # noqa: F401 (a fixture)
+from zoo.chat import ChatTemplate, ChatTokenizer
+
+STEPS = 4
+
+
+def sums(count=24, seed=0):
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        a, b = rng.randint(1, 50), rng.randint(1, 50)
+        rows.append({"prompt": [{"role": "user", "content": f"What is {a} plus {b}?"}],
+                     "chosen": [{"role": "assistant", "content": f"{a} plus {b} is {a + b}."}],
+                     "rejected": [{"role": "assistant", "content": f"{a} plus {b} is {a + b + rng.randint(1, 9)}."}]})
+    return rows
+
+
+def make_recipe(weights, **changes):
+    settings = dict(batch_size=2, sequence_length=72, steps=STEPS, log_every=2, checkpoint_every=2,
+                    learning_rate=1e-3, precision="float32")
+    return recipes.get("dpo", weights=str(weights)).replace(**{**settings, **changes})
+
+
+def test_a_lora_run_references_its_base_logs_trls_metrics_and_writes_an_adapter(checkpoint, tmp_path):  # noqa: F811
+    data = write_jsonl(tmp_path / "pairs.jsonl", sums())
+    recipe = make_recipe(checkpoint, lora_rank=4, lora_targets="all-linear", learning_rate=2e-2, steps=4)
+    result = recipes.run(recipe, str(data), str(tmp_path / "run"), validation_every=4, verbose=0,
+                         hf_out=str(tmp_path / "hf"))
+    assert not (tmp_path / "run" / dpo.REFERENCE_FILE).exists()  # the reference is the base: nothing stored
+    last = result.history[-1]
+    for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                 "logps/rejected"):
+        assert name in last and f"val_{name}" in last
+    assert last["rewards/margins"] > 0 and last["loss"] < np.log(2)  # it learns to prefer the right sums
+    assert (tmp_path / "hf" / "adapter_config.json").is_file() and (tmp_path / "hf" / "tokenizer.json").is_file()
+
+
+def test_a_full_run_stores_its_reference_and_resumes_bitwise_after_sigkill(checkpoint, tmp_path, capsys):  # noqa: F811
+    data = write_jsonl(tmp_path / "pairs.jsonl", sums())
+    recipe = make_recipe(checkpoint)
+    recipes.run(recipe, str(data), str(tmp_path / "straight"), verbose=0)
+
+    # The stored scores are the starting model's log-probabilities of the pairs, in order.
+    tokenizer, template = ChatTokenizer.from_folder(checkpoint), ChatTemplate.of(checkpoint)
+    pairs, _ = dpo_data.pairs("explicit", sums(), template, tokenizer, recipe.sequence_length)
+    start = zoo.hub.load(checkpoint, task="causal_lm", tokenizer=False)
+    expected = zoo.preference.reference_logps(start, dpo_data.reference_batches(pairs, 5, recipe.sequence_length))
+    with np.load(tmp_path / "straight" / dpo.REFERENCE_FILE) as stored:
+        np.testing.assert_allclose(stored["train"], expected, rtol=1e-6)
+
+    killed = tmp_path / "killed"
+    run_killed_at_step_4(recipe, str(data), killed)
+    capsys.readouterr()
+    resumed = recipes.run(recipe, str(data), str(killed), verbose=0)
+    out = capsys.readouterr().out
+    assert "from step 2" in out and "Scoring the pairs" not in out  # the store is read back, not scored again
+    assert (resumed.start_step, resumed.step) == (2, STEPS)
+    (step, got), (_, want) = final_state(killed), final_state(tmp_path / "straight")
+    assert step == STEPS and sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+    (killed / dpo.REFERENCE_FILE).unlink()  # a reference that cannot be had any more
+    with pytest.raises(ValueError, match="reference scores .* are missing .* pass --reference FOLDER"):
+        recipes.run(recipe, str(data), str(killed), verbose=0)
+
+
+def test_recipe_settings_are_refused_by_name(checkpoint):  # noqa: F811
+    with pytest.raises(ValueError, match="beta must be a positive number"):
+        make_recipe(checkpoint, beta=0.0)
+    with pytest.raises(ValueError, match="SimPO has no reference"):
+        recipes.get("simpo", weights=str(checkpoint)).replace(reference=str(checkpoint))
+    with pytest.raises(ValueError, match="drop packing"):
+        make_recipe(checkpoint, packing=True)
+    assert json.loads(json.dumps(make_recipe(checkpoint).to_dict()))["preference"] == "dpo"
