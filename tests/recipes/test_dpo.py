@@ -13,6 +13,7 @@ import pytest
 import recipes
 import zoo
 from recipes import dpo, dpo_data
+from tests.common import TINY_DEC
 from tests.recipes.test_resume import final_state, run_killed_at_step_4
 from tests.recipes.test_sft import checkpoint, write_jsonl  # noqa: F401 (a fixture)
 from zoo.chat import ChatTemplate, ChatTokenizer
@@ -89,3 +90,21 @@ def test_recipe_settings_are_refused_by_name(checkpoint):  # noqa: F811
     with pytest.raises(ValueError, match="drop packing"):
         make_recipe(checkpoint, packing=True)
     assert json.loads(json.dumps(make_recipe(checkpoint).to_dict()))["preference"] == "dpo"
+
+
+def test_a_named_reference_scores_the_pairs_once_and_must_share_the_vocabulary(checkpoint, tmp_path):  # noqa: F811
+    tokenizer, template = ChatTokenizer.from_folder(checkpoint), ChatTemplate.of(checkpoint)
+    recipe = make_recipe(checkpoint, reference=str(checkpoint))
+    assert recipe.preference_reference == "stored"
+    pairs, _ = dpo_data.pairs("explicit", sums(6), template, tokenizer, recipe.sequence_length)
+    policy = zoo.get("dec-base", task="causal_lm", **{**TINY_DEC, "vocab_size": 1000})  # other weights
+    dpo.score(recipe, policy, tmp_path / "scores.npz", "print", pairs, pairs[:2])
+    named = zoo.hub.load(checkpoint, task="causal_lm", tokenizer=False)
+    with np.load(tmp_path / "scores.npz") as stored:
+        np.testing.assert_allclose(stored["train"], zoo.preference.reference_logps(
+            named, dpo_data.reference_batches(pairs, 4, recipe.sequence_length)), rtol=1e-6)
+        assert stored["valid"].shape == (2, 2) and str(stored["fingerprint"]) == "print"
+    other = zoo.get("dec-base", task="causal_lm", **{**TINY_DEC, "vocab_size": 1200})
+    with pytest.raises(ValueError, match="must share the policy's tokenizer"):
+        dpo.score(recipe, other, tmp_path / "refused.npz", "print", pairs, [])
+    assert not (tmp_path / "refused.npz").exists()
