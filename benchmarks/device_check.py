@@ -3,7 +3,7 @@ and the environment. It runs the same on a CPU and a GPU, keeps going past a par
 table and a JSON file (docs/benchmarks.md: Device check).
 
     python benchmarks/device_check.py --out device_check.json      # everything (GPU: nothing starts after --budget 480)
-    python benchmarks/device_check.py --quick                       # tiny shapes throughout (CI: ~45-60 s of CPU)
+    python benchmarks/device_check.py --quick                       # tiny shapes, no XLA part (CI: ~30-45 s of CPU)
     python benchmarks/device_check.py --parts exact,placement       # some parts (names or their group before ':')
     python benchmarks/device_check.py --parts speed:dec-1b-fused    # a part the CPU skips unless it is asked for
 
@@ -22,7 +22,8 @@ Parts (each a small function; the runner records its name, ok/failed/skipped, se
   nodes landed on the CPU; and, from the kernel registry, the step's ops that have no GPU kernel for their dtype.
 - `speed:*`: dec-base 4 x 512 mixed_bfloat16 (`none`, `full`, `full+fused`) beside keras-hub's backbone in the
   same run, tokens/s and the allocator's peak (GPU:0 on a GPU), graph mode; dec-1b 8 x 512 `full+fused`
-  (skipped on a CPU unless asked for); the dec-base rows again with `jit_compile=True`. Each row is
+  (skipped on a CPU unless asked for); the dec-base rows again with `jit_compile=True` (not in --quick,
+  nor is the XLA gradient part: tests/zoo/test_recompute.py checks XLA). Each row is
   benchmarks/speed.py's `measure` in a fresh process (--quick: in this one), with the planner's estimate
   (`zoo.memory.estimate`) beside its peak. On a GPU no row starts after the budget, and a row's process is
   killed after ROW_TIMEOUT_S or LAST_PART_S past the budget.
@@ -241,7 +242,9 @@ def gradients_function(quick):
 
 @part("exact:gradients-xla")
 def gradients_xla(quick):
-    return gradients_against_none([("full", "plain")] + ([] if quick else [("selective", "chunked")]), "jit")
+    if quick:  # each variant is an XLA compilation of its own (~15 s of CPU at tiny shapes)
+        raise Skipped("not in --quick: CI checks XLA gradients in tests/zoo/test_recompute.py (the jit case)")
+    return gradients_against_none([("full", "plain"), ("selective", "chunked")], "jit")
 
 
 @part("exact:gradients-bf16")
@@ -390,9 +393,8 @@ SPEED = {  # part -> (model, batch, seq, variants, jit_compile, runs on a CPU by
     "speed:dec-1b-fused": ("dec-1b", 8, 512, ("full+fused",), False, False),
     "speed:dec-base-bf16-xla": ("dec-base", 4, 512, ("keras-hub", "none", "full", "full+fused"), True, True),
 }
-QUICK_SPEED = {  # --quick: the tiny decoder, fewer rows, in this process
+QUICK_SPEED = {  # --quick: the tiny decoder, fewer rows, in this process; no XLA row (a compilation, seconds on a CPU)
     "speed:dec-base-bf16": (TINY_NAME, 2, 32, ("keras-hub", "full+fused")),
-    "speed:dec-base-bf16-xla": (TINY_NAME, 2, 32, ("full+fused",)),
 }
 PRECISION = "mixed_bfloat16"
 

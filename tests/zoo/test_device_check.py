@@ -34,8 +34,10 @@ def test_quick_check_passes_on_the_cpu(tmp_path):
     results = {r["part"]: r for r in report["results"]}
     assert {r["status"] for r in results.values()} <= {"ok", "skipped"}, results
     assert all(results[p]["status"] == "ok" for p in ("environment", "kernels:held-masks", "exact:gradients-function",
-                                                      "exact:gradients-xla", "exact:held-masks",
-                                                      "placement:full-step", "placement:fused-step"))
+                                                      "exact:held-masks", "placement:full-step",
+                                                      "placement:fused-step"))
+    # XLA is left to the full check (tests/zoo/test_recompute.py's jit case checks XLA gradients in CI)
+    assert results["exact:gradients-xla"]["status"] == results["speed:dec-base-bf16-xla"]["status"] == "skipped"
     masks = results["kernels:held-masks"]["detail"]
     assert "Mul(T=uint64)" in masks["uint64_ops"] and "Bitcast(T=uint8,type=uint64)" in masks["ops"]
     for name in ("placement:full-step", "placement:fused-step"):
@@ -44,7 +46,7 @@ def test_quick_check_passes_on_the_cpu(tmp_path):
     rows = [row for r in results.values() if r["part"].startswith("speed:") and r["status"] == "ok"
             for row in r["detail"]["rows"]]
     assert rows and all(row["tokens_per_s"] > 0 for row in rows)
-    assert {row["jit_compile"] for row in rows} == {False, True}
+    assert {row["jit_compile"] for row in rows} == {False}
 
 
 def test_a_wrong_gradient_fails_the_gradient_part(device_check, monkeypatch):
