@@ -5,7 +5,9 @@ Logical devices must be configured before TensorFlow starts, and this test worke
 TensorFlow may already run, so the training runs in one child process
 (tests/recipes/distribute_child.py) that compares one device with two replicas per
 scenario: 3 optimizer steps of `fit` with the recipe's AdamW (global-norm clipping
-1.0), dropout 0.1, from the same seed on the same global batches of 4.
+1.0), dropout 0.1, from the same seed on the same global batches of 4. The fused update's
+child is test_distribute_fused.py's (a file of its own, so that the two children, minutes
+each, run on different pytest workers).
 
 Why exact: replica r takes rows [2r, 2r+2) of each batch, draws the dropout masks of
 exactly those rows (zoo/ops/dropout.py), and the optimizer sums the replicas'
@@ -70,35 +72,6 @@ def test_mirrored_equals_one_device(mirrored, scenario):
         assert got["max_rel"] < 1e-4 and got["norm_rel"] < FLOAT32_REL, got
     else:
         assert got["max_rel"] < FLOAT32_REL, got
-
-
-@pytest.fixture(scope="module")
-def fused(tmp_path_factory):
-    return child_report(tmp_path_factory, "fused")
-
-
-@pytest.mark.timeout(420)
-@pytest.mark.parametrize("family", ["llama", "bert"])
-def test_fused_update_under_mirrored_equals_one_device(fused, family):
-    """The fused update (zoo.training.fused) on two replicas: each block's gradients are summed across
-    replicas as they appear, the exact global clip (0.05: it scales every step) takes the norm of the
-    summed gradients, dropout 0.1 draws each replica's rows of one device's masks, and the decoder's
-    embedding is tied (its two uses are summed, then reduced once). 3 steps; every replica's copy ends
-    the same. |difference| / |weight| per variable (test_multi_worker.py says why not the elementwise max)."""
-    got = fused[family]
-    assert got["steps"] == [3, 3] and got["copies_equal"], got
-    assert got["norm_rel"] < 1e-6 and got["max_rel"] < 1e-5, got
-
-
-@pytest.mark.timeout(420)
-def test_fused_float16_overflow_on_one_replica_skips_the_step_on_both(fused):
-    """Replica 1's rows weigh 1e6, so only its float16 gradients overflow: the summed norm is not finite on
-    either replica, no weight moves on any copy, the step counter stays and the loss scale halves; the next
-    steps train (every variable moves, on every copy alike)."""
-    skip, following = fused["float16_skip"], fused["float16_next"]
-    assert skip["unchanged"] and skip["iterations"] == 0 and skip["scale"] == [32768.0, 16384.0], skip
-    assert following["iterations"] == 2 and following["copies_equal"], following
-    assert following["moved"] == following["variables"], following
 
 
 @pytest.mark.timeout(420)
