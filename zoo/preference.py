@@ -33,9 +33,9 @@ import tensorflow as tf
 from zoo import lora
 from zoo.ops.ordering import after
 from zoo.ops.preference import (
-    DPO_LOSS_TYPES,
     METRIC_NAMES,
-    check_beta,
+    check_dpo,
+    check_simpo,
     dpo_loss,
     preference_metrics,
     sequence_logps,
@@ -63,22 +63,17 @@ class Preference:
     dropout: bool = False
 
     def check(self):
+        """Every setting by name, in pure Python (recipes check theirs at import, before TensorFlow runs)."""
         if self.loss not in LOSSES:
             raise ValueError(f"Unknown preference loss {self.loss!r}; known: {', '.join(LOSSES)}.")
-        check_beta(self.beta)
         if self.loss == "simpo":
+            check_simpo(self.beta, self.gamma, self.label_smoothing)
             if self.reference is not None:
                 raise ValueError("SimPO has no reference model; pass reference=None.")
-            simpo_loss(tf.zeros([1]), tf.zeros([1]), tf.ones([1]), tf.ones([1]), self.beta, self.gamma,
-                       self.label_smoothing)  # checks gamma and label_smoothing by name
             return self
-        if self.loss_type not in DPO_LOSS_TYPES:
-            raise ValueError(f"Unknown DPO loss_type {self.loss_type!r}; known: {', '.join(DPO_LOSS_TYPES)}.")
+        check_dpo(self.beta, self.label_smoothing, self.loss_type)
         if self.reference not in REFERENCES:
             raise ValueError(f"Unknown reference {self.reference!r}; known: {', '.join(REFERENCES)} (DPO needs one).")
-        zeros = tf.zeros([1])
-        dpo_loss(zeros, zeros, zeros, zeros, self.beta, self.label_smoothing, self.loss_type, tf.ones([1]),
-                 tf.ones([1]))  # checks label_smoothing against the loss type by name
         return self
 
 

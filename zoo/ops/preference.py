@@ -124,6 +124,31 @@ def check_beta(beta, name="beta"):
         raise ValueError(f"{name} must be a positive number (DPO's usual 0.1, SimPO's 2.0), got {beta!r}.")
 
 
+def check_dpo(beta, label_smoothing=0.0, loss_type="sigmoid"):
+    """A ValueError naming the setting unless (beta, label_smoothing, loss_type) is a DPO loss TRL defines
+    (pure Python: recipes check it when registered, before TensorFlow may run anything)."""
+    check_beta(beta)
+    if loss_type not in DPO_LOSS_TYPES:
+        raise ValueError(f"Unknown DPO loss_type {loss_type!r}; known: {', '.join(DPO_LOSS_TYPES)}.")
+    top = 0.5 if loss_type == "robust" else 0.5 + 1e-12
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) or not (
+            0.0 <= label_smoothing < top):
+        raise ValueError(f"label_smoothing must lie in [0, 0.5{')' if loss_type == 'robust' else ']'} for "
+                         f"loss_type={loss_type!r}, got {label_smoothing!r}.")
+    if loss_type == "ipo" and label_smoothing:
+        raise ValueError("loss_type='ipo' has no label smoothing (TRL ignores it); pass label_smoothing=0.0.")
+
+
+def check_simpo(beta, gamma=1.0, label_smoothing=0.0):
+    """A ValueError naming the setting unless (beta, gamma, label_smoothing) is a SimPO loss (pure Python)."""
+    check_beta(beta)
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or gamma < 0:
+        raise ValueError(f"gamma (SimPO's target margin) must be a number >= 0, got {gamma!r}.")
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) or not (
+            0.0 <= label_smoothing <= 0.5):
+        raise ValueError(f"label_smoothing must lie in [0, 0.5], got {label_smoothing!r}.")
+
+
 def _lengths(lengths, which, loss_type):
     if lengths is None:
         raise ValueError(f"loss_type={loss_type!r} divides by the completion lengths: pass {which}_lengths "
@@ -156,16 +181,7 @@ def dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejecte
         `(losses [P], chosen_rewards [P], rejected_rewards [P])`; rewards β (policy - reference), no gradient.
         TRL's loss is `losses.mean()`.
     """
-    check_beta(beta)
-    if loss_type not in DPO_LOSS_TYPES:
-        raise ValueError(f"Unknown DPO loss_type {loss_type!r}; known: {', '.join(DPO_LOSS_TYPES)}.")
-    top = 0.5 if loss_type == "robust" else 0.5 + 1e-12
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) or not (
-            0.0 <= label_smoothing < top):
-        raise ValueError(f"label_smoothing must lie in [0, 0.5{')' if loss_type == 'robust' else ']'} for "
-                         f"loss_type={loss_type!r}, got {label_smoothing!r}.")
-    if loss_type == "ipo" and label_smoothing:
-        raise ValueError("loss_type='ipo' has no label smoothing (TRL ignores it); pass label_smoothing=0.0.")
+    check_dpo(beta, label_smoothing, loss_type)
     chosen_ratio = tf.cast(policy_chosen, tf.float32) - tf.cast(reference_chosen, tf.float32)
     rejected_ratio = tf.cast(policy_rejected, tf.float32) - tf.cast(reference_rejected, tf.float32)
     eps = float(label_smoothing)
@@ -199,12 +215,7 @@ def simpo_loss(policy_chosen, policy_rejected, chosen_lengths, rejected_lengths,
     Returns:
         `(losses [P], chosen_rewards, rejected_rewards)`; rewards β · a, no gradient (TRL's).
     """
-    check_beta(beta)
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or gamma < 0:
-        raise ValueError(f"gamma (SimPO's target margin) must be a number >= 0, got {gamma!r}.")
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) or not (
-            0.0 <= label_smoothing <= 0.5):
-        raise ValueError(f"label_smoothing must lie in [0, 0.5], got {label_smoothing!r}.")
+    check_simpo(beta, gamma, label_smoothing)
     chosen = tf.cast(policy_chosen, tf.float32) / _lengths(chosen_lengths, "chosen", "simpo")
     rejected = tf.cast(policy_rejected, tf.float32) / _lengths(rejected_lengths, "rejected", "simpo")
     z = beta * (chosen - rejected) - gamma
