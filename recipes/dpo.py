@@ -17,6 +17,7 @@ fingerprint of the pairs and of the reference, so a resumed run reads them back 
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import os
@@ -26,11 +27,9 @@ import numpy as np
 
 import zoo
 from recipes import dpo_data as data
-from recipes import pretrained, runner, state
-from recipes.sft import chat_template
-from zoo.chat import ChatTokenizer
+from recipes import runner, state
+from recipes.sft import save_chat, tokenizer_and_template
 from zoo.files import atomic_path
-from zoo.loading import TOKENIZER_DIR
 
 REFERENCE_FILE = "reference_logps.npz"
 
@@ -47,11 +46,8 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
                          "--hf-out MERGED --merge): pass weights= (--weights FOLDER).")
     runner.check_lengths(recipe)
 
-    # 1. The checkpoint's tokenizer and chat template.
-    saved = os.path.join(out_dir, TOKENIZER_DIR)
-    source = saved if os.path.isdir(saved) else pretrained.checkpoint(recipe.weights).folder
-    tokenizer = ChatTokenizer.from_folder(source)
-    template = chat_template(recipe, out_dir)
+    # 1. The checkpoint's tokenizer and chat template (saved with a resumed run).
+    tokenizer, template = tokenizer_and_template(recipe, out_dir)
 
     # 2. The pairs: every row checked, over-long pairs dropped and counted; every n-th held out.
     kind, rows = data.read_rows(data_path)
@@ -75,11 +71,7 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
     meta["data"] = data.statistics(train_pairs, recipe.sequence_length)
     keras.utils.set_random_seed(recipe.seed)
 
-    def beside_tokenizer(folder):
-        tokenizer.save(folder)
-        if template is not None:
-            template.save(folder)
-
+    beside_tokenizer = functools.partial(save_chat, tokenizer, template)
     if cluster.chief:
         runner.prepare(recipe, out_dir, None, meta, beside_tokenizer=beside_tokenizer)
     cluster.barrier()

@@ -14,6 +14,7 @@ other recipes have (validation, resume, LoRA/QLoRA, strategies) is theirs: recip
 
 from __future__ import annotations
 
+import functools
 import os
 
 import keras
@@ -37,6 +38,21 @@ def chat_template(recipe, out_dir) -> ChatTemplate | None:
     return ChatTemplate.of(folder)
 
 
+def tokenizer_and_template(recipe, out_dir) -> tuple[ChatTokenizer, ChatTemplate | None]:
+    """The run's tokenizer (as transformers tokenizes: tokenizer.json) and chat template: those saved
+    with a resumed run, else the checkpoint's (the DPO recipe reads them the same way)."""
+    saved = os.path.join(out_dir, TOKENIZER_DIR)
+    source = saved if os.path.isdir(saved) else pretrained.checkpoint(recipe.weights).folder
+    return ChatTokenizer.from_folder(source), chat_template(recipe, out_dir)
+
+
+def save_chat(tokenizer, template, folder):
+    """The tokenizer and its template into `folder`: what a resumed run and a serving client read back."""
+    tokenizer.save(folder)
+    if template is not None:
+        template.save(folder)
+
+
 def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_batches=8, callbacks=(),
         verbose="auto", hf_out=None, strategy=None, devices=None, merge=False, collective_timeout=None):
     """Fine-tune `recipe` (recipe "sft", `recipes.get("sft", weights=...)`) on the JSONL rows at
@@ -51,10 +67,7 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
     runner.check_lengths(recipe)
 
     # 1. The checkpoint's tokenizer (as transformers tokenizes: tokenizer.json) and chat template.
-    saved = os.path.join(out_dir, TOKENIZER_DIR)
-    source = saved if os.path.isdir(saved) else pretrained.checkpoint(recipe.weights).folder
-    tokenizer = ChatTokenizer.from_folder(source)
-    template = chat_template(recipe, out_dir)
+    tokenizer, template = tokenizer_and_template(recipe, out_dir)
 
     # 2. The examples: every row checked, over-long and untrainable ones dropped and counted.
     kind, rows = data.read_rows(data_path)
@@ -83,11 +96,7 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
     meta["data"] = {"format": kind, **stats}
     keras.utils.set_random_seed(recipe.seed)
 
-    def beside_tokenizer(folder):  # what a resumed run and a serving client read back
-        tokenizer.save(folder)
-        if template is not None:
-            template.save(folder)
-
+    beside_tokenizer = functools.partial(save_chat, tokenizer, template)
     if cluster.chief:
         runner.prepare(recipe, out_dir, None, meta, beside_tokenizer=beside_tokenizer)
     cluster.barrier()
