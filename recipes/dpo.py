@@ -77,8 +77,10 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
     cluster.barrier()
 
     # 4. The reference's stored scores, if they are (a resumed run must find them); 5. the model, restored.
-    path, want = os.path.join(out_dir, REFERENCE_FILE), fingerprint(recipe, [*train_pairs, *valid_pairs])
-    stored = _read(path, want) if recipe.preference_reference == "stored" else None
+    path, want, stored = os.path.join(out_dir, REFERENCE_FILE), None, None
+    if recipe.preference_reference == "stored":  # the fingerprint reads the reference's weights: only when needed
+        want = fingerprint(recipe, [*train_pairs, *valid_pairs])
+        stored = _read(path, want)
     if recipe.preference_reference == "stored" and stored is None and recipe.reference is None and (
             state.checkpoints(out_dir)):
         raise ValueError(f"{out_dir} resumes a run whose reference scores ({REFERENCE_FILE}) are missing or were "
