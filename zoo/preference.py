@@ -176,7 +176,7 @@ class PreferenceStep:
                 raise ValueError("reference='stored' reads each batch's y['reference_logps'] [pairs, 2], and this "
                                  "batch has none: compute them first (zoo.preference.reference_logps; the dpo recipe "
                                  "does), or train LoRA adapters with reference='adapters'.")
-            return rows(tf.cast(y["reference_logps"], tf.float32)[:, :, None])[:, 0]
+            return rows(tf.cast(y["reference_logps"], tf.float32))
         with lora.adapters_off(model):
             return sequence_scores(model, inputs, targets, weights, gradients=False)
 
