@@ -3,11 +3,29 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # the CPU allocator's statistics (zoo/__init__.py)
+# One inter-op thread: TensorFlow's executor then runs a graph's ready ops in one order, so an allocator peak is
+# the same from call to call (two inter-op threads on 2 busy cores ran ops early and moved a fused step's peak by
+# 2 MB, failing a CI run; the strategy and multi-worker tests pass with it). Kernels still use every core.
+os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 
 import keras
 import pytest
 
 from tools.assets import AssetUnavailable, fetch
+
+
+# The longest files, longest first (worker-seconds on 2 cores, --durations): pytest-xdist's --dist loadfile hands
+# out files in collection order, so a long file collected last (test_recompute) kept one worker busy minutes after
+# the other had finished.
+LONGEST_FIRST = ["test_recompute.py", "test_multi_worker.py", "test_recipes.py", "test_fused_precision.py",
+                 "test_export.py", "test_distribute.py", "test_fused.py", "test_distribute_fused.py",
+                 "test_export_stand_in.py", "test_loading_big.py", "test_resume.py", "test_pretrained.py",
+                 "test_dpo.py", "test_device_check.py"]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
 
 
 @pytest.fixture(autouse=True)
