@@ -13,7 +13,6 @@ import pytest
 
 from tools.assets import AssetUnavailable, fetch
 
-
 # The longest files, longest first (worker-seconds on 2 cores, --durations): pytest-xdist's --dist loadfile hands
 # out files in collection order, so a long file collected last (test_recompute) kept one worker busy minutes after
 # the other had finished.

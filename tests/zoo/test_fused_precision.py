@@ -44,7 +44,9 @@ VOCAB_BIG = 16000  # [4, 256, 16000] float32 logits: 62.5 MiB
 
 def step_peak(fused, loss_chunk, num_layers=4, hidden_dim=128, vocab_size=VOCAB_BIG, batch=4, seq=256,
               precision="float32"):
-    """Allocator peak of a compiled training step (tests.common.allocator_peak)."""
+    """Allocator peak of a compiled training step (tests.common.allocator_peak). The fused step waits for each
+    block's turn, so under one inter-op thread (tests/conftest.py) every call peaks the same: two calls do. Keras'
+    step still moves by ~10% from call to call: the least of five."""
     keras.utils.set_random_seed(0)
     model = zoo.get("dec-base", checkpointing="full", task="causal_lm", num_layers=num_layers, hidden_dim=hidden_dim,
                     num_heads=4, num_kv_heads=2, intermediate_dim=4 * hidden_dim, vocab_size=vocab_size,
@@ -56,7 +58,7 @@ def step_peak(fused, loss_chunk, num_layers=4, hidden_dim=128, vocab_size=VOCAB_
                   loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, jit_compile=False)
     ids = np.random.default_rng(0).integers(0, vocab_size, (batch, seq + 1)).astype("int32")
     x, y = {"token_ids": ids[:, :-1], "padding_mask": np.ones((batch, seq), "int32")}, ids[:, 1:]
-    return allocator_peak(lambda: model.train_on_batch(x, y))
+    return allocator_peak(lambda: model.train_on_batch(x, y), repeats=2 if fused else 5)
 
 
 def test_fused_and_chunked_step_holds_less_than_full_alone():
