@@ -77,7 +77,7 @@ def _memory(a):
           f"(sft: {2 * a.pairs} rows x {a.seq})", flush=True)
     print(f"{'step':5s} {'est GiB':>8s} {'alloc':>7s} {'ratio':>6s} {'RSS':>6s} {'s/step':>7s}  status", flush=True)
     rows = {}
-    for kind in ("sft", "dpo"):
+    for kind in a.kinds.split(","):
         batch = a.pairs if kind == "dpo" else 2 * a.pairs
         est = memory.estimate(a.model, batch, a.seq, a.precision, "full", task="causal_lm",
                               preference=kind == "dpo", **LORA).total
@@ -90,7 +90,7 @@ def _memory(a):
                  f"{row['step_s']:7.1f}") if row["status"] == "ok" else " ".join(f"{'-':>{w}s}" for w in (7, 6, 6, 7))
         print(f"{kind:5s} {est / GiB:8.2f} {cells}  {row['status']}", flush=True)
     ratio = None
-    if all(r["status"] == "ok" for r in rows.values()):
+    if len(rows) == 2 and all(r["status"] == "ok" for r in rows.values()):
         ratio = rows["dpo"]["alloc_peak_gib"] / rows["sft"]["alloc_peak_gib"]
         print(f"dpo / sft allocator peak: {ratio:.2f}")
     return {"benchmark": "dpo_memory", "budget_gib": budget / GiB, "dpo_over_sft": ratio, "results": rows}
@@ -163,6 +163,7 @@ def main():
     p.add_argument("--checkpointing", default="none", help="real: the run's recomputation policy")
     p.add_argument("--steps", type=int, default=None, help="memory: steps per row (2); real: optimizer steps (60)")
     p.add_argument("--timeout", type=int, default=3600)
+    p.add_argument("--kinds", default="sft,dpo", help="memory: the rows to measure")
     p.add_argument("--pairs-count", type=int, default=1200)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--sequence-length", type=int, default=160)
