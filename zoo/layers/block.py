@@ -97,7 +97,7 @@ class TransformerBlock(keras.layers.Layer):
                 return recompute(lambda h: self.replay(h, padding_mask, masks), x)
             return recompute(lambda h: self._forward(h, mask=padding_mask, keep_scores=True)[0], x)
         recompute_core = taped and self.checkpointing == "selective"
-        keep_scores = taped and self.checkpointing == "none"  # "none" keeps everything: the fastest core
+        keep_scores = training and self.checkpointing == "none"  # "none" keeps everything: the fastest core
         # What the block computes from its variables alone (a dequantized or cast kernel) waits for its input:
         # otherwise TensorFlow's executor makes every block's at the start of a graph (a reference pass)
         with tf.control_dependencies([x]):
