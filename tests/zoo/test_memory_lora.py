@@ -42,10 +42,13 @@ def test_lora_estimate_by_hand(quantize, frozen, transient):
     assert e.optimizer == 2 * ADAPTERS  # Adam's two moments of the adapters only
     assert e.head_gradient == 64 * 4 * 4 and e.update == 2 * 64 * 4 * 4  # the largest adapter
     assert e.transient == transient
-    # activations, logits and recomputation do not change
-    assert (e.activations, e.logits, e.recompute) == (full.activations, full.logits, full.recompute)
+    # activations and recomputation do not change; the frozen head's loss holds two [B, c, vocab] copies, not three
+    assert (e.activations, e.recompute) == (full.activations, full.recompute)
+    # ... beside the tied head's table as its quantized matmul dequantizes it (int4: 4 bytes, int8: 2 per entry)
+    head = 100 * 64 * {None: 0, "int8": 2, "int4": 4}[quantize]
+    assert (e.logits, full.logits) == (2 * B * S * 100 * 4 + head, 3 * B * S * 100 * 4)
     assert e.total == e.weights + e.optimizer + max(e.backward_peak, e.update_peak)
-    loss, replay = full.logits + e.head_gradient, full.replay  # gone before the first block is replayed
+    loss, replay = e.logits + e.head_gradient, full.replay  # gone before the first block is replayed
     assert e.backward_peak == full.activations - replay + max(loss, replay) + full.saved_extra + transient
 
 

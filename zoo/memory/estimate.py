@@ -34,7 +34,8 @@ class MemoryEstimate:
         variables' dtype, factored statistics in float32); for Lion outside the fused step with
         float32 weights also the two momentum products its update computes ahead (`_ahead_bytes`).
     activations: what the forward pass keeps for the backward, and one block's working set.
-    logits: float32 logits, their softmax and their gradient (one chunk of them when chunked).
+    logits: float32 logits, their softmax and their gradient (one chunk of them when chunked); with
+        LoRA on a quantized base, also the head's table as its matmul dequantizes it (zoo.memory.lora).
     saved_extra: the tensors TensorFlow keeps for the backward beyond the formula's (`SAVED_EXTRA`).
     head_gradient: the largest variable's gradient (the token embedding's, or the untied head's),
         made at the very start of the backward pass, while every activation is still alive.
@@ -124,7 +125,14 @@ def _variable_bytes(precision: str) -> int:
     return 2 if precision in ("bfloat16", "float16") else 4
 
 
-TILES_ALIVE = 6  # float32 tiles in the chunked core's backward: scores, P, dropout scale, dP, dS, dropped P
+# Float32 [B, heads, chunk, chunk] tiles alive at the peak of the chunked core's backward when its keys loop over
+# several tiles (zoo.ops.attention_core._loop). Measured alone (dec-1b's 32 heads of 64, causal, tiles of 512,
+# the core's allocator peak over its input gradients): 4.1 tiles' bytes at 4 x 1024 and 5.0 at 1 x 2048 in all,
+# of which the input gradients and float32 output take about two; dropout 0.1 adds 1.3 (its keep mask, the
+# dropped P). The block's replay adds its activations beside them (`per_layer_full`), which were already freed
+# in part by then: 6 here (every tile the backward makes) over-planned dec-1b LoRA at 4 x 1024 by 12-18%.
+TILES_ALIVE = 3
+DROPOUT_TILES = 2
 # Keys of one tile run as straight-line ops (no loop: zoo.ops.attention_core._loop), and the executor frees
 # each tile after its last use. Measured at 8 x 512 on dec-1b (docs/memory.md): LoRA steps, whose peak is a
 # block's replay, held ~2 tiles, and the (d)/(e) rows' over-prediction was ~4 tiles' bytes.
@@ -136,12 +144,14 @@ def optimizer_state_bytes(optimizer: str, shapes, variable_bytes: int = 4, accum
     return optimizer_state.state_bytes(optimizer, shapes, variable_bytes, accumulation_steps)
 
 
-def loss_live_bytes(batch: int, sequence_length: int, vocab_size: int, chunk_size=None) -> int:
+def loss_live_bytes(batch: int, sequence_length: int, vocab_size: int, chunk_size=None, trainable_head=True) -> int:
     """Float32 logits, softmax and gradient alive at once in the causal-LM loss (zoo.ops.lm_loss).
 
     chunk_size None: the loss's default chunk; 0: the whole sequence at once (unchunked).
+    trainable_head False: a frozen head (LoRA), whose gradient nothing waits for.
     """
-    return lm_loss.live_bytes(batch, sequence_length, vocab_size, chunk_size if chunk_size != 0 else sequence_length)
+    chunk = chunk_size if chunk_size != 0 else sequence_length
+    return lm_loss.live_bytes(batch, sequence_length, vocab_size, chunk, trainable_head)
 
 
 # TensorFlow's own overhead ------------------------------------------------------
@@ -319,7 +329,8 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
         per_layer_no_core += 4 * seq * b * h + 4 * a * seq * b
         per_layer_full = per_layer_no_core
         tile = min(seq, chunk_size or DEFAULT_CHUNK)
-        working = (ONE_TILE_ALIVE if tile == seq else TILES_ALIVE) * b * a * tile * tile * 4
+        looped = TILES_ALIVE + (DROPOUT_TILES if s.dropout else 0)
+        working = (ONE_TILE_ALIVE if tile == seq else looped) * b * a * tile * tile * 4
     layers = s.num_layers
     replay = per_layer_full + working if policy == "full" else 0  # one block recomputed, its tiles included
     if policy == "none":
@@ -337,7 +348,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
     if loss_chunk is not None and task != "causal_lm":
         raise ValueError(f"loss_chunk applies to task 'causal_lm' only, not {task!r}.")
     if task == "causal_lm":
-        logits = loss_live_bytes(b, seq, s.vocab_size, loss_chunk)
+        logits = loss_live_bytes(b, seq, s.vocab_size, loss_chunk, trainable_head=lora_rank is None)
     elif task == "masked_lm":  # logits at the masked positions only, never chunked
         logits = 3 * b * int(seq * MASKED_FRACTION) * s.vocab_size * 4
     if fused:  # one block's gradients at a time, plus the embedding's and the head's, kept to the end
@@ -354,6 +365,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
     )
     if lora_rank is not None:
         trained = _lora(s, task, lora_rank, lora_targets, quantize, precision, optimizer, accumulation_steps)
+        logits += trained.pop("head_transient")  # the quantized head, dequantized beside the logits
     if checks.positive("replicas", replicas) > 1:  # the all-reduce concatenates what it reduces into one buffer
         outer = trained["gradients"] - (block_params * vbytes if fused else 0)
         trained.update(reduce_buffer=outer, block_reduce=block_params * vbytes if fused else 0)
@@ -381,7 +393,7 @@ def _lora(spec, task, rank, targets, quantize, precision, optimizer, accumulatio
         + optimizer_state_bytes(optimizer, lo.head_shapes, vbytes, accumulation_steps)
         + _ahead_bytes(params, 4, optimizer, False),
         head_gradient=max(sizes), update=_update_bytes(lo.adapter_shapes + lo.head_shapes, 4, optimizer),
-        transient=lo.transient,
+        transient=lo.transient, head_transient=lo.head_transient,
     )
 
 

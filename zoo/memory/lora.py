@@ -16,6 +16,13 @@ INT4_BLOCK = 128  # Keras' Int4QuantizationConfig default, which zoo.lora.quanti
 # kernel-sized gradient x^T·dy (float32 sum and gradient; in pure bfloat16 also float32 copies); int8
 # casts its kernel to the compute dtype; int4 unpacks to int8, dequantizes in float32 and casts.
 TRANSIENT = {("float", False): 8, ("float", True): 18, "int8": 5, "int4": 9}
+# Bytes per parameter of a quantized LM head's table (the tied embedding, or an untied head) that its logits
+# matmul makes on the fly, beside the loss's chunk of logits: Keras' int4 ReversibleEmbedding unpacks the table
+# to int8 and dequantizes it in the compute dtype before every matmul (keras/src/layers/core/
+# reversible_embedding.py, `_int4_call`); int8 casts it. Measured: llama3.1-8b's head (128256 x 4096) under
+# QLoRA at 1 x 2048 held 1.8-2.0 GiB more than the plan without it, at 2 and at 32 layers (a head of 32000
+# rows: within the plan's slack); int8 is the cast alone, not measured.
+HEAD_TRANSIENT = {"int8": 2, "int4": 4}
 
 
 def stored_bytes(tag, shape, quantize, variable_bytes) -> int:
@@ -60,6 +67,7 @@ class LoraPlan:
     adapter_shapes: list  # float32 A [in, r] and B [r, out] of every targeted projection
     head_shapes: list  # a new task head's variables (a classifier), trained in full
     transient: int  # the largest kernel-sized tensor a LoRA or quantized matmul makes on the fly
+    head_transient: int = 0  # a quantized LM head's table as its logits matmul makes it, in the loss's phase
 
 
 def plan(spec, task, rank, targets=None, quantize=None, precision="float32") -> LoraPlan:
@@ -78,6 +86,9 @@ def plan(spec, task, rank, targets=None, quantize=None, precision="float32") -> 
     else:
         largest = max((count([shape]) for shape in adapted), default=0)
         per_param = TRANSIENT["float", precision == "bfloat16"]
+    head = 0
+    if quantize and task in ("causal_lm", "masked_lm"):  # the logits come from the token table, tied or not
+        head = spec.vocab_size * spec.hidden_dim * HEAD_TRANSIENT[quantize]
     return LoraPlan(frozen=frozen, adapter_shapes=adapters,
                     head_shapes=[shape for tag, shape in tagged if tag == "classifier"],
-                    transient=largest * per_param)
+                    transient=largest * per_param, head_transient=head)
