@@ -70,7 +70,7 @@ def write_checkpoint(name, folder, shard=SHARD, seed=0) -> Path:
     return folder
 
 
-def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, slice_floats=None):
+def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, slice_floats=None, loss_chunk=None):
     """One fresh process: load (`kind` "load" streamed, "old" float then quantize_base) or a QLoRA step."""
     import tensorflow as tf
 
@@ -100,7 +100,7 @@ def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, sli
     from _training import synthetic_batch, train_steps
 
     zoo.lora.enable_lora(model, rank=rank, alpha=2 * rank, targets="all-linear")
-    model.set_loss_chunk(1024)
+    model.set_loss_chunk(loss_chunk)  # None: the chunked loss's default, as `zoo train` takes it
     model.compile(optimizer=keras.optimizers.AdamW(1e-4, global_clipnorm=1.0),
                   loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, jit_compile=False)
     x, y = synthetic_batch(name, batch, seq)
@@ -116,12 +116,12 @@ def plan(name, quantize, dtype):
     return memory.loading_peak(name, quantize=quantize, precision=dtype) / GiB
 
 
-def planned_step(name, quantize, dtype, batch, seq, rank=16):
+def planned_step(name, quantize, dtype, batch, seq, rank=16, loss_chunk=None):
     """zoo.memory.estimate of the step `measure` takes (the allocator's peak, the built model included)."""
     from zoo import memory
 
-    return memory.estimate(name, batch, seq, dtype, "full", loss_chunk=1024, lora_rank=rank, lora_targets="all-linear",
-                           quantize=quantize).total / GiB
+    return memory.estimate(name, batch, seq, dtype, "full", loss_chunk=loss_chunk, lora_rank=rank,
+                           lora_targets="all-linear", quantize=quantize).total / GiB
 
 
 def main():
@@ -136,6 +136,7 @@ def main():
     p.add_argument("--folder", default=None, help="where to write the checkpoint (default: a temporary folder)")
     p.add_argument("--slice", type=int, default=None, help="floats quantized at once (zoo.checks.QUANTIZE_SLICE)")
     p.add_argument("--reuse", action="store_true", help="with --folder: keep the checkpoint, and reuse one there")
+    p.add_argument("--loss-chunk", type=int, default=None, help="step: positions per loss chunk (default: the loss's)")
     p.add_argument("--timeout", type=int, default=3600)
     a = p.parse_args()
 
@@ -157,7 +158,7 @@ def main():
         for kind in kinds:
             run = _harness.run_child({"kind": kind, "name": a.model, "folder": str(folder), "quantize": a.quantize,
                                       "dtype": a.dtype, "batch": a.batch, "seq": a.seq,
-                                      "slice_floats": a.slice}, timeout=a.timeout)
+                                      "slice_floats": a.slice, "loss_chunk": a.loss_chunk}, timeout=a.timeout)
             rows[kind] = {**run.result, "status": run.status if run.ok else f"{run.status}: {run.error}",
                           "guard_rss_gib": run.peak_rss_bytes / GiB}
             r = rows[kind]
@@ -169,7 +170,9 @@ def main():
         result = {"model": a.model, "quantize": a.quantize, "dtype": a.dtype, "checkpoint_gib": size, "rows": rows,
                   "planned_loading_peak_gib": plan(a.model, a.quantize, a.dtype)}
         if a.what == "step":
-            result["planned_step_gib"] = planned_step(a.model, a.quantize, a.dtype, a.batch, a.seq)
+            result["planned_step_gib"] = planned_step(a.model, a.quantize, a.dtype, a.batch, a.seq,
+                                                  loss_chunk=a.loss_chunk)
+            result["loss_chunk"] = a.loss_chunk
             print(f"planned step (allocator peak) {result['planned_step_gib']:.2f} GiB")
         print(f"planned loading peak {result['planned_loading_peak_gib']:.2f} GiB")
         print(json.dumps(result))

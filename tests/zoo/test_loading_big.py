@@ -87,6 +87,28 @@ def test_loading_peak_is_the_quantized_model_and_one_layer(tmp_path):
     assert zoo.memory.loading_plan(spec, quantize="int4").model == quantized  # the planner's stored bytes
 
 
+def test_a_bfloat16_model_loads_with_no_float32_copy(tmp_path):
+    """Built in its storage dtype: `dtype="bfloat16"` (bfloat16 weights, or a frozen LoRA base) makes bfloat16
+    variables from the start, and each tensor goes in as read; nothing float32 of the model's size exists."""
+    shape = dict(vocab_size=4096, hidden_dim=256, num_heads=4, num_kv_heads=2, intermediate_dim=1024, num_layers=8)
+    folder = checkpoint(tmp_path / "ckpt", shard=2**20, **shape)
+    spec = zoo.spec("dec-1b").replace(**{**TINY_DEC, **shape, "tie_embeddings": False})
+    loaded = []
+
+    def load():
+        loaded[:] = [zoo.get(spec, weights=folder, dtype="bfloat16", tokenizer=False)]
+
+    peak = allocator_peak(load, repeats=2)
+    assert {v.dtype for v in loaded[0].weights} == {"bfloat16"}
+    stored = sum(v.numpy().nbytes for v in loaded[0].weights)
+    assert stored == 2 * spec.num_params()
+    largest = spec.vocab_size * spec.hidden_dim
+    bound = stored + 2 * 4 * largest + 2**20  # the model, one tensor as read and as cast (float32 at most), 1 MiB
+    assert peak <= bound, (peak, stored, largest)
+    assert bound < 4 * spec.num_params()  # a float32 copy of the model would not fit under it
+    assert zoo.memory.loading_plan(spec, precision="bfloat16").model == stored
+
+
 def test_plan_prints_the_loading_peak_beside_the_step(capsys):
     from zoo.cli import main
 
