@@ -300,7 +300,7 @@ def step_peak(name, policy, core, length, num_layers=6, chunk_size=None):
             loss = tf.add_n([tf.reduce_mean(tf.cast(v, "float32")) for v in model(x, training=True).values()])
         return tape.gradient(loss, model.trainable_variables)
 
-    return allocator_peak(lambda: step(x), repeats=1)  # the bounds leave room for a noisy call
+    return allocator_peak(lambda: step(x), repeats=2)  # the least of two: one call in three can peak higher
 
 
 @pytest.mark.parametrize("name", FAMILIES)
