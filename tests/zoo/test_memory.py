@@ -302,7 +302,7 @@ def test_optimizer_states_order():
 FACTORED_DEC = (100 + 64 + 2 * (2 * 128 + 2 * 96 + 2 * 192 + 192 + 2 * 64) + 64) * 4  # 10,128
 
 
-@pytest.mark.parametrize("optimizer, state, copies", [("adafactor", FACTORED_DEC, 4), ("adamw", 80_448 * 2 * 2, 6),
+@pytest.mark.parametrize("optimizer, state, copies", [("adafactor", FACTORED_DEC, 3), ("adamw", 80_448 * 2 * 2, 6),
                                                       ("lion", 80_448 * 2, 5)])
 def test_bfloat16_weights_by_hand(optimizer, state, copies):
     """bfloat16 weights with stochastic rounding: weights and gradients 2 bytes, the optimizer's full-size
