@@ -18,10 +18,11 @@ INT4_BLOCK = 128  # Keras' Int4QuantizationConfig default, which zoo.lora.quanti
 TRANSIENT = {("float", False): 8, ("float", True): 18, "int8": 5, "int4": 9}
 # Bytes per parameter of a quantized LM head's table (the tied embedding, or an untied head) that its logits
 # matmul makes on the fly, beside the loss's chunk of logits: Keras' int4 ReversibleEmbedding unpacks the table
-# to int8 and dequantizes it in the compute dtype before every matmul (keras/src/layers/core/
-# reversible_embedding.py, `_int4_call`); int8 casts it. Measured: llama3.1-8b's head (128256 x 4096) under
-# QLoRA at 1 x 2048 held 1.8-2.0 GiB more than the plan without it, at 2 and at 32 layers (a head of 32000
-# rows: within the plan's slack); int8 is the cast alone, not measured.
+# to int8 and dequantizes it before every matmul (keras/src/layers/core/reversible_embedding.py, `_int4_call`);
+# int8 casts it. Measured, QLoRA r16 all-linear at mixed_bfloat16, allocator peak against the plan with it:
+# llama3.1-8b (128256 x 4096) 1 x 2048 8.52 GiB against 8.65, llama3.2-3b (tied) 4.80 against 5.03, dec-1b
+# (32000 x 2048) 8 x 512 2.24 against 2.08 and 1 x 2048 (loss chunks of 1024) 1.30 against 1.56. Two bytes (the
+# compute dtype alone) planned the first three 11-14% low. int8's is the cast alone, not measured.
 HEAD_TRANSIENT = {"int8": 2, "int4": 4}
 
 
