@@ -14,7 +14,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 from recipes.evaluate import Evaluation, evaluate
 from recipes.optim import WarmupDecay, optimizer, schedule
 from recipes.recipe import Recipe, get, names, register
-from recipes.runner import Result, build, run
+from recipes.runner import Result, build
+from recipes.train import run
 
 __all__ = [
     "Evaluation", "Recipe", "Result", "WarmupDecay", "build", "evaluate", "get", "names", "optimizer", "register",
