@@ -235,15 +235,16 @@ def peak_rss_gib() -> float:
 
 
 class PeakMemory:
-    """TensorFlow's allocator peak over a block, above its level at the start, and peak RSS.
+    """The peak memory over a block, above its level at the start, and peak RSS (zoo.memory.PeakMemory underneath).
 
         with PeakMemory() as mem:
             model.train_on_batch(x, y)
-        mem.step_gib, mem.base_gib, mem.peak_gib, mem.rss_gib
+        mem.step_gib, mem.base_gib, mem.peak_gib, mem.rss_gib, mem.measure
 
-    RSS never shrinks under TF's pooling allocator, so the allocator's peak above
-    `base` (what the block itself allocated) is the measure of a step; RSS is the
-    process's whole footprint.
+    TensorFlow's allocator peak where the process keeps its statistics (every CPU under `import zoo`), else peak
+    RSS; `measure` says which, and every benchmark's JSON line carries it. RSS never shrinks under TF's pooling
+    allocator, so the allocator's peak above `base` (what the block itself allocated) is the measure of a step;
+    `rss_gib` is the process's whole footprint.
 
     Args:
         device: the TensorFlow device whose allocator is read.
@@ -251,19 +252,18 @@ class PeakMemory:
 
     def __init__(self, device="CPU:0"):
         self.device = device
-        self.base_gib = self.peak_gib = self.step_gib = self.rss_gib = None
+        self.base_gib = self.peak_gib = self.step_gib = self.rss_gib = self.measure = None
 
     def __enter__(self):
-        import tensorflow as tf
+        from zoo.memory import PeakMemory as Measured
 
-        tf.config.experimental.reset_memory_stats(self.device)
-        self.base_gib = tf.config.experimental.get_memory_info(self.device)["current"] / GiB
+        self._measured = Measured(self.device).reset()
+        self.base_gib, self.measure = self._measured.start_bytes / GiB, self._measured.measure
         return self
 
     def __exit__(self, *exc):
-        import tensorflow as tf
-
-        self.peak_gib = tf.config.experimental.get_memory_info(self.device)["peak"] / GiB
+        self._measured.read()
+        self.peak_gib = self._measured.peak_bytes / GiB
         self.step_gib = self.peak_gib - self.base_gib
         self.rss_gib = peak_rss_gib()
         return False

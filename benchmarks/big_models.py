@@ -107,7 +107,7 @@ def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, sli
     with _harness.PeakMemory() as mem:
         times, _, losses = train_steps(model, x, y, 1)
     return {**out, "alloc_peak_gib": mem.peak_gib, "step_mem_gib": mem.step_gib, "peak_rss_gib": mem.rss_gib,
-            "step_s": times[0], "losses": losses}
+            "memory_measure": mem.measure, "step_s": times[0], "losses": losses}
 
 
 def plan(name, quantize, dtype):

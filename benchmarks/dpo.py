@@ -65,7 +65,7 @@ def measure(kind, model, pairs, seq, precision, steps):
     with _harness.PeakMemory() as mem:
         times, _, losses = train_steps(m, x, y, steps)
     return {"built_gib": mem.base_gib, "alloc_peak_gib": mem.peak_gib, "step_mem_gib": mem.step_gib,
-            "peak_rss_gib": mem.rss_gib, "first_step_s": times[0],
+            "peak_rss_gib": mem.rss_gib, "memory_measure": mem.measure, "first_step_s": times[0],
             "step_s": min(times[1:]) if len(times) > 1 else times[0], "losses": losses}
 
 

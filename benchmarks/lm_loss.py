@@ -66,7 +66,7 @@ def measure(hidden, vocab, batch, seq, variant, chunk, precision, repeats):
         float(step(h, y)[0])
         times.append(time.perf_counter() - start)
     grads = (batch * seq * hidden * tf.as_dtype(dtype).size + vocab * hidden * 4) / GiB
-    return {"step_s": statistics.median(times), "times": times, "peak_gib": mem.step_gib,
+    return {"step_s": statistics.median(times), "times": times, "peak_gib": mem.step_gib, "memory_measure": mem.measure,
             "grads_gib": grads, "loss": float(out[0]),
             "live_gib": live_bytes(batch, seq, vocab, chunk) / GiB if chunk else None}
 

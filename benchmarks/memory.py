@@ -39,6 +39,7 @@ def measure(model, batch, seq, precision, policy, steps, core="chunked", num_lay
         "model": model, "batch": batch, "seq": seq, "precision": precision, "policy": policy, "core": core,
         "num_layers": num_layers, "spec_overrides": spec_overrides,
         "step_mem_gib": mem.step_gib, "base_gib": mem.base_gib, "peak_rss_gib": mem.rss_gib,
+        "memory_measure": mem.measure,
         "step_s": step_time, "step_cpu_s": cpu_time, "tokens_per_s": batch * seq / step_time, "loss": losses[-1],
     }
 

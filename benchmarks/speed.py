@@ -74,7 +74,8 @@ def measure(model, batch, seq, precision, variant, steps):
     step = float(np.median(times[1:])) if len(times) > 1 else times[0]
     return {"model": model, "batch": batch, "seq": seq, "precision": precision, "variant": variant,
             "step_s": step, "first_step_s": times[0], "tokens_per_s": batch * seq / step,
-            "step_mem_gib": mem.step_gib, "peak_rss_gib": mem.rss_gib, "loss": losses[-1]}
+            "step_mem_gib": mem.step_gib, "peak_rss_gib": mem.rss_gib, "memory_measure": mem.measure,
+            "loss": losses[-1]}
 
 
 def cell(value, digits=2):

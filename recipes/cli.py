@@ -146,7 +146,8 @@ def _train(args):
     speed = None if math.isnan(result.tokens_per_second) else round(result.tokens_per_second, 1)
     print(json.dumps({"model": recipe.name, "steps": result.step,
                       "final_loss": (result.history or [{}])[-1].get("loss"),
-                      "tokens_per_second": speed, "peak_bytes": result.peak_bytes}))
+                      "tokens_per_second": speed, "peak_bytes": result.peak_bytes,
+                      "peak_measure": result.peak_measure}))
     return 0
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import os
-import resource
 import shutil
 import tempfile
 import time
@@ -44,7 +43,8 @@ class Result:
     step: int
     history: list = field(default_factory=list)  # [{"step", "loss", "val_loss"?, "lr"}] per interval
     tokens_per_second: float = float("nan")
-    peak_bytes: int | None = 0  # TF allocator peak on the training device (None: no statistics kept)
+    peak_bytes: int = 0  # peak memory of training, by `peak_measure` (zoo.memory.measure)
+    peak_measure: str = ""  # which figure peak_bytes is: TensorFlow's allocator peak, or peak RSS where none is kept
     max_rss_bytes: int = 0
     model: keras.Model | None = None
     data: dict | None = None  # supervised fine-tuning: rows an epoch, padding fraction (recipes.sft)
@@ -103,19 +103,6 @@ class _Intervals(keras.callbacks.Callback):
     def tokens_per_second(self):
         elapsed = time.perf_counter() - self.started - self.excluded
         return self.timed_batches * self.tokens_per_batch / elapsed if elapsed > 0 else float("nan")
-
-
-def _device():
-    return "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
-
-
-def _reset_peak(device) -> bool:
-    """Whether TensorFlow keeps allocator statistics here (not on a CPU with oneDNN off: zoo/__init__.py)."""
-    try:
-        tf.config.experimental.reset_memory_stats(device)
-        return True
-    except ValueError:
-        return False
 
 
 def check_lengths(recipe):
@@ -365,15 +352,10 @@ def train_and_save(recipe, model, cluster, out_dir, start, train_data, valid=Non
         final = _train(recipe, model, cluster, result, write_dir, train_data, valid, valid_steps, interval, start,
                        callbacks, verbose, base, tokens_per_batch)
     print(f"{recipe.name}: steps {start} -> {result.step}; {result.tokens_per_second:,.0f} tokens/s; "
-          f"peak memory {_mib(result.peak_bytes)} (allocator), {result.max_rss_bytes / 2**20:,.0f} MiB RSS; "
+          f"peak memory {result.peak_bytes / 2**20:,.0f} MiB ({result.peak_measure}), "
+          f"{result.max_rss_bytes / 2**20:,.0f} MiB RSS; "
           + (f"model saved to {final}" if cluster.chief else "a worker: the chief saves the model"))
     return result
-
-
-def _mib(size) -> str:
-    if size is None:
-        return "n/a (TensorFlow keeps no CPU allocator statistics with oneDNN off: set TF_ENABLE_ONEDNN_OPTS=1)"
-    return f"{size / 2**20:,.0f} MiB"
 
 
 def write_hf(recipe, model, out_dir, hf_out, tokenizer, labels, merge):
@@ -393,8 +375,7 @@ def _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps,
     adapters and base.json); returns its path."""
     k = recipe.accumulation_steps
     tracker = _Intervals(recipe, write_dir, interval, result, base, tokens_per_batch)
-    device = _device()
-    measured = _reset_peak(device)
+    peak = zoo.memory.PeakMemory().reset()
     if start < recipe.steps:
         try:
             with cluster.scope():
@@ -412,8 +393,9 @@ def _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps,
             raise distribute.WorkerLost(distribute.lost_message(cause, result.out_dir)) from None
         if tracker.started is not None:
             result.tokens_per_second = tracker.tokens_per_second()
-    result.peak_bytes = tf.config.experimental.get_memory_info(device)["peak"] if measured else None
-    result.max_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak.read()
+    result.peak_bytes, result.peak_measure = peak.peak_bytes, peak.measure
+    result.max_rss_bytes = zoo.memory.measure.max_rss_bytes()
     if base is not None:  # Keras' save would write merged (or integer) kernels and no adapters
         zoo.hub.save_adapter(model, os.path.join(write_dir, ADAPTER_DIR), overwrite=True, base=base["weights"])
         write_json(os.path.join(write_dir, BASE_FILE), base)

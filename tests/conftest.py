@@ -2,7 +2,10 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")  # the CPU allocator's statistics (zoo/__init__.py)
+# The CPU allocator's statistics whatever the CPU and oneDNN (zoo.memory.measure): set here because this file imports
+# keras before zoo. oneDNN stays as TensorFlow picks it for this CPU (TF_ENABLE_ONEDNN_OPTS); the memory tests also
+# run with it flipped (tests/zoo/test_measure.py).
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
 # One inter-op thread: TensorFlow's executor then runs a graph's ready ops in one order, so an allocator peak is
 # the same from call to call (two inter-op threads on 2 busy cores ran ops early and moved a fused step's peak by
 # 2 MB, failing a CI run; the strategy and multi-worker tests pass with it). Kernels still use every core.
