@@ -60,7 +60,8 @@ def train(texts: tf.data.Dataset, family, vocabulary_size, folder, lowercase=Tru
 
         bpe = ByteLevelBPETokenizer()
         stream = (t.decode("utf-8") for t in texts.as_numpy_iterator())
-        bpe.train_from_iterator(stream, vocab_size=vocabulary_size, min_frequency=2, special_tokens=[EOS])
+        bpe.train_from_iterator(stream, vocab_size=vocabulary_size, min_frequency=2, special_tokens=[EOS],
+                                 show_progress=False)  # its bars print blank lines off a terminal
         bpe.save_model(folder)
     return load(folder, family, lowercase)
 

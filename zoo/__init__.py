@@ -4,15 +4,24 @@
 """
 
 import os
+import warnings
+
+from zoo import verbosity
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-# The zoo measures memory with TensorFlow's CPU allocator, which keeps statistics only with oneDNN on. TensorFlow turns
-# oneDNN on by itself only on CPUs with AVX-512 VNNI or AMX (not, say, an AMD EPYC without AVX-512), where
-# `get_memory_info("CPU:0")` then fails: turn it on unless the user chose (read when TensorFlow is first imported).
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+# Peak memory is measured with TensorFlow's allocator (zoo.memory.measure), which keeps statistics on the CPU only as
+# a BFC allocator: with oneDNN on (TensorFlow's default only on CPUs with AVX-512 VNNI or AMX), or with this variable.
+# TensorFlow reads it when it first makes its devices, not at import, so this works after `import tensorflow` too.
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
+verbosity.configure_tensorflow_env()
+if verbosity.problem():
+    warnings.warn(verbosity.problem(), stacklevel=2)
 
-# Importing the models registers their classes, so keras.models.load_model works after `import zoo`.
-from zoo import export, generation, hub, loading, lora, memory, models, optimizers, preference
+# Importing the models registers their classes, so keras.models.load_model works after `import zoo`. TensorFlow's
+# terminal lines as it loads (here, and again as keras-hub loads tensorflow-text) are silenced: zoo.verbosity.
+with verbosity.quiet_import():
+    from zoo import export, generation, hub, loading, lora, memory, models, optimizers, preference
+verbosity.set_python_loggers()
 from zoo.loading import load
 from zoo.ops.recompute import POLICIES
 from zoo.registry import PRECISIONS, ModelSpec, names, register, spec

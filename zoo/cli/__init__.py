@@ -11,6 +11,7 @@ import argparse
 import sys
 from importlib.metadata import entry_points
 
+from zoo import verbosity
 from zoo.cli import catalog, export, generate, plan
 
 COMMANDS = (catalog, plan, export, generate)
@@ -18,6 +19,10 @@ COMMANDS = (catalog, plan, export, generate)
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="zoo", description="keras-zoo: memory-efficient Transformers")
+    # Never parsed here: verbosity.split_flag takes it out of the line first, wherever it stands.
+    parser.add_argument("--verbose", metavar="=LEVEL", nargs="?",
+                        help="TensorFlow's own log lines, which are off by default: --verbose alone is 2, "
+                        f"--verbose=LEVEL picks one of {verbosity.choices()}; as ${verbosity.ENV}=LEVEL")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         module.register(subparsers)
@@ -27,7 +32,17 @@ def build_parser():
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    try:
+        verbosity.check()
+        level, rest = verbosity.split_flag(sys.argv[1:] if argv is None else argv)
+    except ValueError as error:
+        print(f"zoo: error: {error}", file=sys.stderr)
+        return 2
+    if level is not None:
+        if argv is None:  # TensorFlow reads its log level once, as it loads: start again at this one
+            verbosity.restart_with(level, rest)
+        verbosity.set_python_loggers(level)
+    args = build_parser().parse_args(rest)
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError) as error:
