@@ -21,8 +21,9 @@ Writes `tests/fixtures/dpo_peft/`:
   peft_gradients.npz   d loss / d every LoRA parameter, float32, named as in adapter_model.safetensors
   peft_after_step.npz  every LoRA parameter after one AdamW step (lr 1e-3, no weight decay, global clip 1.0),
                   through the trainer's own `create_optimizer` and `_clip_grad_norm`
-  data.json       preference rows (plain explicit, with and without eos; plain implicit; a prompt ending in a space;
-                  conversational explicit and implicit; a multi-turn prompt; non-ASCII) as
+  data.json       preference rows (plain explicit, with and without eos; an empty prompt, which this tokenizer
+                  starts with no BOS; plain implicit; a prompt ending in a space; conversational explicit and
+                  implicit; a multi-turn prompt; non-ASCII) as
                   `DPOTrainer._prepare_dataset` tokenized them (its `prompt_ids`, `chosen_ids`, `rejected_ids`
                   columns) with tests/fixtures/chat's tokenizer.json as a PreTrainedTokenizerFast and the Qwen2.5
                   template of tests/fixtures/chat/qwen2.5.json, and the trainer's collator output per group
@@ -67,6 +68,7 @@ ROWS = {
         {"prompt": "Two plus two is ", "chosen": "four", "rejected": "five<|im_end|>"},  # a space at the boundary;
         {"prompt": "Grüße aus", "chosen": " Köln — schön!", "rejected": " Zürich."},        # eos already there
         {"prompt": "Say it: ", "chosen": "yes", "rejected": " no"},  # the space merges into one side's answer only
+        {"prompt": "", "chosen": "Yes, gladly.", "rejected": "No."},  # no prompt, no BOS: the answers start at 0
     ],
     "plain-implicit": [
         {"chosen": "The sky is blue.", "rejected": "The sky is green."},
