@@ -11,7 +11,7 @@ Writes `tests/fixtures/dpo/`:
                   (`logps_fused`: TRL's fused LM head, `add_fused_lm_head` + `model(..., fused_lm_head=True)
                   .log_probs` summed, what `DPOTrainer._compute_loss` sums; `logps_logits`: transformers'
                   whole logits + TRL's `selective_log_softmax`), the given reference log-probabilities, and per
-                  loss case TRL's loss, per-pair losses and logged metrics
+                  loss case TRL's loss, per-pair losses, logged metrics and the lengths IPO divides by
   gradients.npz   d loss / d a few named parameters (`<case>/<Hugging Face name>`), float32, for GRADIENT_CASES
 
 The loss cases run TRL's own code on that batch:
