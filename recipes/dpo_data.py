@@ -21,8 +21,10 @@ one), as TRL's `tokenizer(text)` does; rendered conversations carry the template
 
 A pair of n-token sequences trains n - 1 positions per side (inputs ids[:-1], targets ids[1:], weights
 mask[1:], as recipes.sft_data). A pair with either side longer than the sequence length is DROPPED (not
-truncated: truncation cuts the answers off), counted and reported; an empty answer, or a row that does not
-fit its format, is refused with its row number and the fix.
+truncated: truncation cuts the answers off), counted and reported. A pair whose answers start the sequence
+(an empty prompt, and a tokenizer that adds no BOS) is kept, and its first answer token, which nothing
+predicts, is not scored (nor in TRL; its IPO counts that token all the same: docs/dpo.md); the report counts
+those pairs. An empty answer, or a row that does not fit its format, is refused with its row number and the fix.
 """
 
 from __future__ import annotations
@@ -182,6 +184,7 @@ def pairs(kind, rows, template, tokenizer, sequence_length, numbers=None, eos=No
         kept.append(Pair(number, *sides))
         report.tokens += sum(len(s.ids) - 1 for s in sides)
         report.trained_tokens += sum(int(s.mask[1:].sum()) for s in sides)
+        report.untrained_first_token += int(any(s.mask[0] for s in sides))
     report.kept = len(kept)
     return kept, report
 

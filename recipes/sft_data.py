@@ -13,8 +13,9 @@ takes the loss on every token of every format.
 An example of n tokens trains n - 1 positions (inputs ids[:-1], targets ids[1:], weights
 mask[1:]), so no position ever predicts across two examples. Examples longer than the sequence
 length are DROPPED, not truncated (truncation cuts the answers off), and so are examples with no
-token to train on; both are counted and reported (`Report`). A malformed row is refused with its
-row number.
+token to train on; both are counted and reported (`Report`), as are answers that start their row
+(an empty prompt and no BOS before it: nothing predicts the answer's first token, which is not
+trained on). A malformed row is refused with its row number.
 
 Packing (`packed=True`) fills each row with whole examples by best-fit decreasing (as TRL's
 `pack_dataset(strategy="bfd")`), over windows of `PACK_WINDOW` shuffled examples so that rows
@@ -52,6 +53,7 @@ class Report:
     too_long: int = 0
     longest: int = 0
     no_trained_token: int = 0
+    untrained_first_token: int = 0  # kept ones whose answer starts the row: its first token has no prediction
     trained_tokens: int = 0
     tokens: int = 0
     dropped_rows: list = field(default_factory=list)  # the first few dropped rows' numbers, for the message
@@ -66,6 +68,10 @@ class Report:
         if self.no_trained_token:
             out.append(f"Dropped {self.no_trained_token} example(s) with no token to train on (no assistant "
                        "message, or empty answers).")
+        if self.untrained_first_token:
+            out.append(f"Dropped the first answer token of {self.untrained_first_token} {self.unit}(s): the answer "
+                       "starts the sequence (an empty prompt, and no BOS token before it), so nothing predicts it; "
+                       "give the prompt some text to train it.")
         if self.dropped_rows:
             out.append(f"Dropped rows (1-based): {', '.join(map(str, self.dropped_rows))}"
                        + (" ..." if len(self.dropped_rows) < self.too_long + self.no_trained_token else ""))
@@ -153,7 +159,7 @@ def examples(kind, rows, template, tokenizer, sequence_length, loss_on="assistan
         spans_of = [None] * len(texts)
     encoded = tokenizer.encode(texts, spans_of)
     report, kept = Report(rows=len(numbers)), []
-    for number, example in zip(numbers, encoded):
+    for number, example, spans in zip(numbers, encoded, spans_of):
         positions = len(example.ids) - 1
         report.longest = max(report.longest, positions)
         if positions > sequence_length:
@@ -164,6 +170,7 @@ def examples(kind, rows, template, tokenizer, sequence_length, loss_on="assistan
             kept.append(example)
             report.tokens += positions
             report.trained_tokens += int(example.mask[1:].sum())
+            report.untrained_first_token += int(spans is not None and example.mask[0] == 1)  # not plain text's
             continue
         if len(report.dropped_rows) < 10:
             report.dropped_rows.append(number)

@@ -11,13 +11,18 @@ Writes `tests/fixtures/dpo/`:
                   (`logps_fused`: TRL's fused LM head, `add_fused_lm_head` + `model(..., fused_lm_head=True)
                   .log_probs` summed, what `DPOTrainer._compute_loss` sums; `logps_logits`: transformers'
                   whole logits + TRL's `selective_log_softmax`), the given reference log-probabilities, and per
-                  loss case TRL's loss, per-pair losses and logged metrics
+                  loss case TRL's loss, per-pair losses, logged metrics and the lengths IPO divides by
   gradients.npz   d loss / d a few named parameters (`<case>/<Hugging Face name>`), float32, for GRADIENT_CASES
 
 The loss cases run TRL's own code on that batch:
   dpo-sigmoid, dpo-ipo, dpo-robust   `DPOTrainer._compute_loss` (trl 1.16) on a stand-in `self` holding the
                   attributes it reads (precompute_ref_logps=True: the reference log-probabilities are given);
                   per-pair losses repeat the trainer's formula (it returns only their mean);
+  dpo-ipo-scored  the same IPO on the batch whose completion mask marks the scored tokens only (position 0
+                  cleared: its token has no prediction). The log-probabilities are unchanged (TRL's labels at
+                  position 0 are shifted away); IPO's average then divides by the tokens it sums, as zoo's does,
+                  where trl 1.16 divides by `completion_mask.sum()`, which counts the unscored first token of a
+                  completion that starts the sequence (the last pair: an empty prompt and no BOS, docs/dpo.md);
   dpo-cdpo        conservative DPO (label smoothing in the sigmoid loss, TRL's DPO sigmoid before 1.0): trl 1.16's
                   `loss_type="aot"` on one pair at a time, where its sort over the batch is the identity and the
                   loss is exactly -(1 - ε) log σ(βΔ) - ε log σ(-βΔ); the gradient of the mean over the pairs;
@@ -44,15 +49,19 @@ CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_
               num_key_value_heads=2, hidden_act="silu", max_position_embeddings=128, rms_norm_eps=1e-5,
               rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
               bos_token_id=1, eos_token_id=2, pad_token_id=0)
-# (prompt, chosen, rejected) lengths: uneven, so that padding and length normalisation matter
-LENGTHS = [(5, 4, 7), (3, 6, 2), (8, 3, 3)]
-REFERENCE_OFFSETS = [(-1.5, 2.0), (0.75, -0.5), (3.0, 1.0)]  # reference = policy + offset (chosen, rejected)
+# (prompt, chosen, rejected) lengths: uneven, so that padding and length normalisation matter. No pair has a BOS
+# (as Qwen2/Qwen3's tokenizers add none), and the last has an empty prompt: its completions start at position 0,
+# whose token nothing predicts (scored: 3 and 2 tokens of 4 and 3)
+LENGTHS = [(5, 4, 7), (3, 6, 2), (8, 3, 3), (0, 4, 3)]
+# reference = policy + offset (chosen, rejected)
+REFERENCE_OFFSETS = [(-1.5, 2.0), (0.75, -0.5), (3.0, 1.0), (-0.5, 1.5)]
 BETA, LABEL_SMOOTHING, SIMPO_BETA, SIMPO_GAMMA = 0.1, 0.1, 2.0, 1.0
 GRADIENTS = ("lm_head.weight", "model.layers.0.self_attn.q_proj.weight", "model.norm.weight")
 # robust and conservative DPO differ from sigmoid DPO only in d loss / d logps, which the loss tests check
-GRADIENT_CASES = ("dpo-sigmoid", "dpo-ipo", "simpo")
+GRADIENT_CASES = ("dpo-sigmoid", "dpo-ipo", "dpo-ipo-scored", "simpo")
 CASES = {"dpo-sigmoid": dict(loss_type="sigmoid", label_smoothing=0.0),
          "dpo-ipo": dict(loss_type="ipo", label_smoothing=0.0),
+         "dpo-ipo-scored": dict(loss_type="ipo", label_smoothing=0.0),
          "dpo-robust": dict(loss_type="robust", label_smoothing=LABEL_SMOOTHING),
          "dpo-cdpo": dict(loss_type="aot", label_smoothing=LABEL_SMOOTHING)}
 
@@ -137,7 +146,12 @@ def make():
     offsets = torch.tensor(REFERENCE_OFFSETS, dtype=torch.float32)
     reference = torch.stack([fused[:n], fused[n:]], dim=1) + offsets
     inputs = {**batch, "ref_chosen_logps": reference[:, 0].clone(), "ref_rejected_logps": reference[:, 1].clone()}
-    lengths = batch["completion_mask"].sum(dim=1).float()
+    scored_mask = batch["completion_mask"].clone()
+    scored_mask[:, 0] = 0  # position 0 predicts nothing: its token is never scored
+    starts = batch["completion_mask"][:, 0].tolist()  # only the last pair's completions start the sequence
+    assert starts == [0] * (n - 1) + [1] + [0] * (n - 1) + [1], starts
+    scored = {**inputs, "completion_mask": scored_mask}
+    lengths = {"completion": batch["completion_mask"].sum(dim=1).float(), "scored": scored_mask.sum(dim=1).float()}
 
     cases, gradients = {}, {}
     for case, options in CASES.items():
@@ -155,7 +169,7 @@ def make():
             loss, logged = total / n, None
         else:
             this = stand_in(model, accelerator, loss_type, eps)
-            loss = DPOTrainer._compute_loss(this, model, inputs, False)
+            loss = DPOTrainer._compute_loss(this, model, scored if case.endswith("-scored") else inputs, False)
             loss.backward()
             loss, logged = float(loss.detach()), {k: v[0] for k, v in this._metrics["train"].items()
                                          if k.startswith(("rewards/", "logps/"))}
@@ -163,9 +177,11 @@ def make():
         if case in GRADIENT_CASES:
             gradients.update({f"{case}/{k}": v for k, v in found.items()})
         chosen_ratio, rejected_ratio = fused[:n] - reference[:, 0], fused[n:] - reference[:, 1]
-        losses = per_pair(loss_type, eps, chosen_ratio, rejected_ratio, lengths[:n], lengths[n:])
+        counted = lengths["scored" if case.endswith("-scored") else "completion"]
+        losses = per_pair(loss_type, eps, chosen_ratio, rejected_ratio, counted[:n], counted[n:])
         assert abs(float(losses.mean()) - loss) < 1e-6, (case, float(losses.mean()), loss)
-        cases[case] = {**options, "beta": BETA, "loss": loss, "losses": losses.tolist(), "metrics": logged}
+        cases[case] = {**options, "beta": BETA, "loss": loss, "losses": losses.tolist(), "metrics": logged,
+                       "lengths": counted.tolist()}
 
     # SimPO: CPOTrainer's own log-probabilities (length-averaged) and loss, gradient of losses.mean()
     cpo = types.SimpleNamespace(alpha=0.0, loss_type="simpo", simpo_gamma=SIMPO_GAMMA, beta=SIMPO_BETA,

@@ -6,17 +6,24 @@ Writes `tests/fixtures/dpo_peft/`:
                   of tests/fixtures/dpo/model: r 4, alpha 8, dropout 0, bias none, on q/k/v/o/gate/up/down_proj.
                   lora_A is PEFT's own (seeded) initialisation; every lora_B is redrawn N(0, 0.05^2) (seeded), so
                   that the adapters change the policy and the reference (adapters off) differs from it
-  peft.json       the DPO step on tests/fixtures/dpo/expected.json's 3-pair batch (TRL's padded batch, recorded there):
+  peft.json       the DPO step on tests/fixtures/dpo/expected.json's 4-pair batch (TRL's padded batch, recorded there;
+                  its last pair has an empty prompt and no BOS):
                   `ref_chosen_logps`, `ref_rejected_logps` (the adapters off: TRL's `compute_ref_log_probs`, which
                   equals the base model's `logps_fused` of expected.json), `chosen_logps`, `rejected_logps` (the
                   policy, adapters on, through TRL's fused LM head), `loss` (`DPOTrainer.training_step`), `metrics`
                   (what `_compute_loss` logged: rewards/chosen, rewards/rejected, rewards/accuracies, rewards/margins,
-                  logps/chosen, logps/rejected), `grad_norm` (the global norm before clipping), settings, versions
+                  logps/chosen, logps/rejected), `grad_norm` (the global norm before clipping), settings, versions;
+                  under `ipo`, TRL's IPO step (β 0.5) with the same adapter on the batch as it is (`loss`,
+                  `grad_norm`) and on the batch whose completion mask marks the tokens scored, position 0 cleared
+                  (`loss_scored`, `grad_norm_scored`, `metrics`; zoo's IPO count, docs/dpo.md), and how far the
+                  two steps' LoRA gradients lie apart (`gradients_apart`: max |difference| / largest entry)
+  peft_ipo_gradients.npz   d loss / d every LoRA parameter of the IPO step on the tokens scored
   peft_gradients.npz   d loss / d every LoRA parameter, float32, named as in adapter_model.safetensors
   peft_after_step.npz  every LoRA parameter after one AdamW step (lr 1e-3, no weight decay, global clip 1.0),
                   through the trainer's own `create_optimizer` and `_clip_grad_norm`
-  data.json       preference rows (plain explicit, with and without eos; plain implicit; a prompt ending in a space;
-                  conversational explicit and implicit; a multi-turn prompt; non-ASCII) as
+  data.json       preference rows (plain explicit, with and without eos; an empty prompt, which this tokenizer
+                  starts with no BOS; plain implicit; a prompt ending in a space; conversational explicit and
+                  implicit; a multi-turn prompt; non-ASCII) as
                   `DPOTrainer._prepare_dataset` tokenized them (its `prompt_ids`, `chosen_ids`, `rejected_ids`
                   columns) with tests/fixtures/chat's tokenizer.json as a PreTrainedTokenizerFast and the Qwen2.5
                   template of tests/fixtures/chat/qwen2.5.json, and the trainer's collator output per group
@@ -50,6 +57,7 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 LORA = dict(r=4, lora_alpha=8, lora_dropout=0.0, bias="none", target_modules=TARGETS)
 B_SCALE = 0.05
 BETA, LEARNING_RATE, MAX_GRAD_NORM = 0.1, 1e-3, 1.0
+IPO_BETA = 0.5
 
 # Preference rows, grouped by format: _prepare_dataset decides plain/conversational and explicit/implicit from a
 # dataset's first row, as the trainer does.
@@ -60,6 +68,7 @@ ROWS = {
         {"prompt": "Two plus two is ", "chosen": "four", "rejected": "five<|im_end|>"},  # a space at the boundary;
         {"prompt": "Grüße aus", "chosen": " Köln — schön!", "rejected": " Zürich."},        # eos already there
         {"prompt": "Say it: ", "chosen": "yes", "rejected": " no"},  # the space merges into one side's answer only
+        {"prompt": "", "chosen": "Yes, gladly.", "rejected": "No."},  # no prompt, no BOS: the answers start at 0
     ],
     "plain-implicit": [
         {"chosen": "The sky is blue.", "rejected": "The sky is green."},
@@ -94,11 +103,11 @@ def tokenizer():
     return tok
 
 
-def trainer_for(model, tok, out_dir, peft_config=None):
+def trainer_for(model, tok, out_dir, peft_config=None, loss_type="sigmoid", beta=BETA):
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    args = DPOConfig(output_dir=out_dir, beta=BETA, loss_type=["sigmoid"], learning_rate=LEARNING_RATE,
+    args = DPOConfig(output_dir=out_dir, beta=beta, loss_type=[loss_type], learning_rate=LEARNING_RATE,
                      weight_decay=0.0, max_grad_norm=MAX_GRAD_NORM, lr_scheduler_type="constant",
                      per_device_train_batch_size=3, use_cpu=True, bf16=False, report_to=[], seed=SEED,
                      max_length=None, disable_dropout=True)
@@ -185,6 +194,47 @@ def peft_case(tok, work):
     return record
 
 
+def ipo_case(tok, work):
+    """TRL's IPO step with the saved adapter, on the batch as it is and on the tokens scored."""
+    import peft
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+
+    torch.manual_seed(SEED)
+    base = transformers.LlamaForCausalLM.from_pretrained(DPO / "model", attn_implementation="eager",
+                                                         dtype=torch.float32)
+    trainer = trainer_for(base, tok, work, peft.LoraConfig(task_type="CAUSAL_LM", **LORA), "ipo", IPO_BETA)
+    model = trainer.model
+    saved = load_file(ROOT / "adapter" / "adapter_model.safetensors")
+    lora = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    with torch.no_grad():
+        for name, p in lora.items():
+            p.copy_(saved[lora_name(name)])
+    expected = json.loads((DPO / "expected.json").read_text())
+    batch = {k: torch.tensor(v) for k, v in expected["batch"].items()}
+    scored_mask = batch["completion_mask"].clone()
+    scored_mask[:, 0] = 0  # position 0 predicts nothing: its token is never scored
+    model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    steps = {}
+    for name, inputs in (("trl", batch), ("scored", {**batch, "completion_mask": scored_mask})):
+        model.zero_grad(set_to_none=True)
+        trainer._metrics["train"].clear()
+        loss = float(trainer.training_step(model, inputs))
+        metrics = {k: v[0] for k, v in trainer._metrics["train"].items() if k.startswith(("rewards/", "logps/"))}
+        gradients = {lora_name(k): p.grad.detach().numpy().astype(np.float32).copy() for k, p in lora.items()}
+        steps[name] = loss, metrics, gradients
+    (loss, metrics, theirs), (loss_scored, metrics_scored, gradients) = steps["trl"], steps["scored"]
+    assert metrics == metrics_scored  # the log-probabilities and rewards do not read the mask's position 0
+    largest = max(np.abs(g).max() for g in gradients.values())
+    np.savez(ROOT / "peft_ipo_gradients.npz", **gradients)
+    return {"loss_type": "ipo", "beta": IPO_BETA, "loss": loss, "loss_scored": loss_scored, "metrics": metrics,
+            "grad_norm": float(np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in theirs.values()))),
+            "grad_norm_scored": float(np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in gradients.values()))),
+            "gradients_apart": float(max(np.abs(theirs[k] - gradients[k]).max() for k in gradients) / largest)}
+
+
 def data_case(tok, work):
     """The trainer's own dataset processing and collator on ROWS."""
     import torch
@@ -219,11 +269,12 @@ def make():
     tok = tokenizer()
     with tempfile.TemporaryDirectory() as work:
         record = {"versions": versions(), **peft_case(tok, work)}
+        record["ipo"] = ipo_case(tok, work)
         data = {"versions": record["versions"], **data_case(tok, work)}
     (ROOT / "peft.json").write_text(json.dumps(record, indent=1) + "\n")
     (ROOT / "data.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     size = sum(f.stat().st_size for f in ROOT.rglob("*") if f.is_file())
-    print(json.dumps({k: record[k] for k in ("loss", "grad_norm", "metrics")}))
+    print(json.dumps({k: record[k] for k in ("loss", "grad_norm", "metrics", "ipo")}))
     print(f"{size / 1024:.0f} KiB -> {ROOT}")
 
 

@@ -184,7 +184,7 @@ class PreferenceStep:
         """The mean loss over the pairs (divided by the replicas, as Keras' losses are); updates the metrics."""
         p = self.preference
         half = tf.shape(policy)[0] // 2
-        lengths = tf.reduce_sum(weights, axis=1)
+        lengths = tf.reduce_sum(weights, axis=1)  # the tokens scored (IPO, SimPO divide by them: docs/dpo.md)
         chosen, rejected = policy[:half], policy[half:]
         if p.loss == "simpo":
             losses, chosen_rewards, rejected_rewards = simpo_loss(chosen, rejected, lengths[:half], lengths[half:],

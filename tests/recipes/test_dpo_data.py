@@ -100,6 +100,21 @@ def test_masks_cover_the_completions_only(template, tokenizer):
         assert a.ids.tolist() == b.ids.tolist() and a.mask.tolist() == b.mask.tolist()
 
 
+def test_an_empty_prompt_without_bos_scores_the_answers_from_their_second_token(template, tokenizer):
+    """TRL's tokens for an empty prompt (data.json's, checked above): this tokenizer, like Qwen's, adds no BOS, so
+    the answers start at position 0, whose token nothing predicts. The pair is kept, scored from each answer's
+    second token (as TRL scores it), and counted in the report."""
+    rows = [{"prompt": "", "chosen": "Yes, gladly.", "rejected": "No."}, *plain_rows(1)]
+    (pair, other), report = dpo_data.pairs("explicit", rows, template, tokenizer, 48)
+    assert pair.chosen.mask.all() and pair.rejected.mask.all() and not other.chosen.mask[0]
+    (_, _, y), = dpo_data.reference_batches([pair], 1, 48)
+    texts = [tokenizer.tokenizer.decode(y["targets"][0, side][y["weights"][0, side] == 1].tolist(),
+                                        skip_special_tokens=False) for side in (0, 1)]
+    assert texts == ["es, gladly.<|im_end|>", ".<|im_end|>"]
+    assert (report.kept, report.untrained_first_token) == (2, 1)
+    assert "Dropped the first answer token of 1 pair(s)" in " ".join(report.lines(48))
+
+
 def test_batches_are_pairs_of_rows(template, tokenizer):
     pairs, _ = dpo_data.pairs("explicit", plain_rows(5), template, tokenizer, 48)
     x, y = next(dpo_data.batches(pairs, recipe(batch_size=2, sequence_length=48)))

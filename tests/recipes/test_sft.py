@@ -115,6 +115,24 @@ def test_bad_rows_are_refused_by_number_or_dropped_and_counted(tokenizer, tmp_pa
     assert "Dropped 1 example(s) longer than 96" in lines and "no token to train on" in lines
 
 
+def test_an_answer_that_starts_the_row_cannot_train_its_first_token(tokenizer):
+    """An empty prompt and no BOS: the completion's first token sits at position 0, which nothing predicts. The
+    example is kept and trains on the rest of its answer, and the report counts the token as it counts other
+    drops; plain text (every token weighed, the first never trained, as any LM's) is not counted."""
+    template = template_of("qwen2.5")
+    rows = [{"prompt": "", "completion": "Yes, gladly."}, {"prompt": "Answer:", "completion": " Yes."}]
+    (first, second), report = sft_data.examples("prompt-completion", rows, template, tokenizer, 128)
+    assert first.mask.all() and not second.mask[0]
+    targets = first.ids[1:][first.mask[1:] == 1]
+    assert tokenizer.tokenizer.decode(targets.tolist(), skip_special_tokens=False) == "es, gladly.<|im_end|>"
+    assert (report.kept, report.untrained_first_token) == (2, 1)
+    assert report.trained_tokens == int(first.mask[1:].sum() + second.mask[1:].sum())
+    assert "Dropped the first answer token of 1 example(s): the answer starts the sequence" in " ".join(
+        report.lines(128))
+    _, text = sft_data.examples("text", [{"text": "Yes."}], template, tokenizer, 128)
+    assert text.untrained_first_token == 0 and "first answer token" not in " ".join(text.lines(128))
+
+
 def test_packed_rows_hold_each_example_once_and_never_predict_across_them(tokenizer):
     examples, _ = sft_data.examples("messages", conversations(40), template_of("qwen2.5"), tokenizer, 256)
     recipe = recipes.get("sft").replace(batch_size=2, sequence_length=256, packing=True)

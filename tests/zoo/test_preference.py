@@ -2,7 +2,9 @@
 whole-logits computation in value and gradients (tied, untied and frozen heads; float32 and mixed_bfloat16),
 and on a tiny Llama that TRL itself scored (tests/fixtures/dpo, tools/make_dpo_fixtures.py: trl 1.16,
 transformers 5.24) zoo's log-probabilities, DPO / IPO / robust / conservative-DPO / SimPO losses, rewards,
-metrics and gradients equal TRL's to 1e-5."""
+metrics and gradients equal TRL's to 1e-5. One pair has an empty prompt and no BOS (its completions start at
+position 0, which nothing predicts): there trl 1.16's IPO divides by one token more than it scores, and zoo's
+IPO is TRL's on the scored tokens (docs/dpo.md)."""
 
 import json
 
@@ -166,10 +168,12 @@ def fixture_model():
 
 def pair_inputs(expected):
     """TRL's batch (chosen rows, then rejected rows) and what sequence_logps takes: hidden[:, :-1] predicts
-    token_ids[:, 1:]; the weights are the shifted completion mask."""
+    token_ids[:, 1:]; the weights are the shifted completion mask, and the lengths the step divides by (IPO,
+    SimPO) their sums, the tokens scored."""
     batch = {k: np.array(v) for k, v in expected["batch"].items()}
     x = {"token_ids": batch["input_ids"].astype("int32"), "padding_mask": batch["attention_mask"].astype("int32")}
-    return x, x["token_ids"][:, 1:], batch["completion_mask"][:, 1:].astype("float32"), batch["completion_mask"].sum(1)
+    weights = batch["completion_mask"][:, 1:].astype("float32")
+    return x, x["token_ids"][:, 1:], weights, weights.sum(1)
 
 
 def zoo_logps(model, expected, chunk_size=4):
@@ -198,25 +202,40 @@ def split(values):
     return values[:len(values) // 2], values[len(values) // 2:]
 
 
-CASES = {"dpo-sigmoid": dict(loss_type="sigmoid"), "dpo-ipo": dict(loss_type="ipo"),
+CASES = {"dpo-sigmoid": dict(loss_type="sigmoid"), "dpo-ipo-scored": dict(loss_type="ipo"),
          "dpo-robust": dict(loss_type="robust", label_smoothing=0.1),
          "dpo-cdpo": dict(loss_type="sigmoid", label_smoothing=0.1)}  # TRL's loss_type="aot" on one pair
 
 
-def zoo_loss(case, expected, logps):
-    """zoo's (losses, chosen_rewards, rejected_rewards) for a fixture case, from [2P] log-probabilities."""
+def zoo_loss(case, expected, logps, lengths=None):
+    """zoo's (losses, chosen_rewards, rejected_rewards) for a fixture case, from [2P] log-probabilities; the
+    lengths (IPO, SimPO) default to the step's, the tokens scored."""
     chosen, rejected = logps[:len(logps) // 2], logps[len(logps) // 2:]
-    lengths = split(pair_inputs(expected)[3])
+    lengths = split(pair_inputs(expected)[3] if lengths is None else lengths)
     options = expected["cases"][case]
     if case == "simpo":
         return simpo_loss(chosen, rejected, *lengths, beta=options["beta"], gamma=options["gamma"])
     return dpo_loss(chosen, rejected, expected["ref_chosen_logps"], expected["ref_rejected_logps"],
-                    beta=options["beta"], chosen_lengths=lengths[0], rejected_lengths=lengths[1], **CASES[case])
+                    beta=options["beta"], chosen_lengths=lengths[0], rejected_lengths=lengths[1],
+                    **CASES.get(case, dict(loss_type=options["loss_type"])))
+
+
+def test_the_fixture_holds_a_pair_with_an_empty_prompt_and_no_bos(expected):
+    """The last pair's completions start at position 0 (no prompt, no BOS): their first token has no
+    prediction, so each side scores one token fewer than its completion holds; every other pair's prompt
+    comes first, and its completion's tokens are the tokens scored."""
+    mask = np.array(expected["batch"]["completion_mask"])
+    pairs = len(expected["pairs"])
+    assert expected["pairs"][-1]["prompt_ids"] == [] and all(p["prompt_ids"] for p in expected["pairs"][:-1])
+    unscored = [0] * (pairs - 1) + [1]
+    assert mask[:, 0].tolist() == unscored * 2
+    assert (mask.sum(1) - pair_inputs(expected)[3]).tolist() == unscored * 2
 
 
 @pytest.mark.parametrize("case", [*CASES, "simpo"])
 def test_losses_rewards_and_metrics_equal_trl(case, expected):
-    """Given TRL's log-probabilities, zoo's losses and metrics are TRL's."""
+    """Given TRL's log-probabilities, zoo's losses and metrics are TRL's (IPO: TRL's on the batch whose
+    completion mask marks the tokens scored, "dpo-ipo-scored"; the next test shows the one difference)."""
     options = expected["cases"][case]
     logps = np.array(expected["logps_fused"], "float32")
     losses, chosen_rewards, rejected_rewards = zoo_loss(case, expected, logps)
@@ -237,11 +256,40 @@ def test_losses_rewards_and_metrics_equal_trl(case, expected):
         assert float(metrics[name]) == pytest.approx(options["metrics"][name], abs=TOLERANCE), name
 
 
-@pytest.mark.parametrize("case", ["dpo-sigmoid", "dpo-ipo", "simpo"])
+def test_ipo_divides_by_the_tokens_scored_where_trl_counts_the_unscored_first_one(expected, capsys):
+    """IPO's average log-ratio: trl 1.16 divides each sequence's sum by `completion_mask.sum()`, which counts
+    the last pair's first completion token (4 and 3), though nothing predicts it and its log-probability is not
+    in the sum (3 and 2 are). zoo divides by the tokens it sums. Everything else is TRL's: the other pairs' losses,
+    the rewards and metrics (test above), and zoo given TRL's counts is TRL's loss, pair by pair."""
+    logps = np.array(expected["logps_fused"], "float32")
+    trl, trl_scored = expected["cases"]["dpo-ipo"], expected["cases"]["dpo-ipo-scored"]
+    completion_lengths = np.array(expected["batch"]["completion_mask"]).sum(1)
+    assert trl["lengths"] == completion_lengths.tolist() and trl_scored["lengths"] == pair_inputs(expected)[3].tolist()
+    ours = zoo_loss("dpo-ipo", expected, logps)[0].numpy()
+    np.testing.assert_allclose(ours, trl_scored["losses"], rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(ours[:-1], trl["losses"][:-1], rtol=0, atol=TOLERANCE)
+    np.testing.assert_allclose(zoo_loss("dpo-ipo", expected, logps, completion_lengths)[0].numpy(), trl["losses"],
+                               rtol=0, atol=TOLERANCE)
+    # the last pair written out: log-ratios over 3 and 2 scored tokens, TRL's divided by 4 and 3
+    chosen = logps[len(logps) // 2 - 1] - expected["ref_chosen_logps"][-1]
+    rejected = logps[-1] - expected["ref_rejected_logps"][-1]
+    target = 1 / (2 * trl["beta"])
+    assert trl["losses"][-1] == pytest.approx((chosen / 4 - rejected / 3 - target) ** 2, abs=TOLERANCE)
+    assert ours[-1] == pytest.approx((chosen / 3 - rejected / 2 - target) ** 2, abs=TOLERANCE)
+    with capsys.disabled():
+        print(f"\nIPO, the pair with an empty prompt and no BOS: zoo {ours[-1]:.4f}, TRL {trl['losses'][-1]:.4f} "
+              f"(TRL on the scored tokens {trl_scored['losses'][-1]:.4f}); batch loss zoo {ours.mean():.4f}, TRL "
+              f"{trl['loss']:.4f}")
+    assert abs(ours[-1] - trl["losses"][-1]) > 0.1  # the fixture tells the two counts apart
+
+
+@pytest.mark.parametrize("case", ["dpo-sigmoid", "dpo-ipo-scored", "simpo"])
 def test_gradients_equal_trl(case, fixture_model, expected, capsys):
     """d loss / d parameters through the whole model (backbone + chunked log-probabilities), against
     TRL's backward of the same loss (tools/make_dpo_fixtures.py GRADIENTS), relative to each tensor's largest
-    entry: IPO's gradients reach 9 (its loss is 27 at beta 0.1), where float32 itself leaves 1.6e-5 absolute."""
+    entry: IPO's gradients reach 9 (its loss is 24 at beta 0.1), where float32 itself leaves 1.6e-5 absolute.
+    IPO against TRL's own on the tokens scored; against TRL's as it is (the pair with no BOS and an empty prompt
+    divided by one token more) the gradients differ, by the figure printed."""
     entries = {e.key: e for e in hub.weight_map(fixture_model)}
     names = expected["gradient_names"]
     variables = [entries[name.removeprefix("model.")].variable for name in names]
@@ -259,6 +307,10 @@ def test_gradients_equal_trl(case, fixture_model, expected, capsys):
         differences[name] = (float(np.abs(ours - want).max()), relative(want, ours))
     with capsys.disabled():
         print(f"\n{case}: gradient max |zoo - TRL| (absolute, relative to the largest entry) {differences}")
+        if case == "dpo-ipo-scored":
+            apart = {name: relative(theirs[f"dpo-ipo/{name}"], theirs[f"{case}/{name}"]) for name in names}
+            print(f"TRL's IPO as it is against TRL's on the tokens scored, relative: {apart}")
+            assert min(apart.values()) > 1e-3  # the two counts give different gradients
     assert max(r for _, r in differences.values()) <= TOLERANCE
 
 

@@ -18,7 +18,9 @@ The losses take per-sequence log-probabilities [P] (P pairs) and return `(losses
 rejected_rewards)` with rewards `beta * (policy - reference)` with no gradient, as TRL's DPOTrainer (trl 1.16,
 `DPOTrainer._compute_loss`) and CPOTrainer (`cpo_loss`, SimPO) compute them; `preference_metrics` gives the
 figures under TRL's metric names. Parity with TRL itself: tests/zoo/test_preference.py against
-tests/fixtures/dpo (tools/make_dpo_fixtures.py).
+tests/fixtures/dpo (tools/make_dpo_fixtures.py). The one difference: IPO's per-token average divides by the
+tokens scored, where trl 1.16 counts a completion's first token that nothing predicts (a completion that starts
+the sequence: an empty prompt and no BOS; docs/dpo.md).
 """
 
 import tensorflow as tf
@@ -150,10 +152,11 @@ def check_simpo(beta, gamma=1.0, label_smoothing=0.0):
 
 
 def _lengths(lengths, which, loss_type):
+    """The tokens each log-probability sums, clamped at 1 as TRL clamps them."""
     if lengths is None:
         raise ValueError(f"loss_type={loss_type!r} divides by the completion lengths: pass {which}_lengths "
-                         "(the number of completion tokens of each sequence).")
-    return tf.maximum(tf.cast(lengths, tf.float32), 1.0)  # TRL: completion_mask.sum(dim=1).clamp(min=1.0)
+                         "(the number of completion tokens scored in each sequence).")
+    return tf.maximum(tf.cast(lengths, tf.float32), 1.0)
 
 
 def dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta=0.1, label_smoothing=0.0,
@@ -164,8 +167,10 @@ def dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejecte
       - "sigmoid": -log σ(β Δ); with label_smoothing ε > 0, conservative DPO
         -(1 - ε) log σ(β Δ) - ε log σ(-β Δ) (TRL's sigmoid loss before 1.0; trl 1.16's sigmoid ignores
         label_smoothing, and uses this form for its "aot" losses);
-      - "ipo": (Δ' - 1 / (2β))², where Δ' divides each log-ratio by its completion length (TRL normalises
-        IPO by the number of completion tokens); needs `chosen_lengths` and `rejected_lengths`;
+      - "ipo": (Δ' - 1 / (2β))², where Δ' divides each log-ratio by the number of tokens it sums (TRL
+        normalises IPO by the completion's tokens: the same count, except where a completion starts the
+        sequence, an empty prompt with no BOS, whose first token TRL counts but nothing predicts);
+        needs `chosen_lengths` and `rejected_lengths`;
       - "robust" (Robust DPO, trl 1.16's meaning of label_smoothing: the flip probability ε in [0, 0.5)):
         (-(1 - ε) log σ(β Δ) + ε log σ(-β Δ)) / (1 - 2ε).
 
@@ -175,7 +180,7 @@ def dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejecte
         beta: β > 0 (for IPO, the regulariser τ).
         label_smoothing: ε, see above (refused for "ipo", which ignores it in TRL).
         loss_type: one of DPO_LOSS_TYPES.
-        chosen_lengths, rejected_lengths: [P] completion token counts ("ipo").
+        chosen_lengths, rejected_lengths: [P] the completion tokens scored ("ipo"; the weights' sums).
 
     Returns:
         `(losses [P], chosen_rewards [P], rejected_rewards [P])`; rewards β (policy - reference), no gradient.
@@ -206,7 +211,7 @@ def simpo_loss(policy_chosen, policy_rejected, chosen_lengths, rejected_lengths,
 
     Args:
         policy_chosen, policy_rejected: [P] summed log-probabilities (`sequence_logps`).
-        chosen_lengths, rejected_lengths: [P] completion token counts.
+        chosen_lengths, rejected_lengths: [P] the completion tokens scored (the weights' sums; CPOTrainer's).
         beta: β > 0 (the paper's 2.0-2.5; TRL's CPOConfig defaults to 0.1, made for CPO).
         gamma: the target reward margin γ (TRL's `simpo_gamma`, default 0.5 there; the paper's γ/β of 0.5 at
             β 2 is 1.0).
