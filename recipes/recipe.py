@@ -254,7 +254,7 @@ def get(name: str | None = None, weights: str | None = None, **changes) -> Recip
 
     Args:
         name: a recipe name (`recipes.names()`: each model's own, "classify",
-            "finetune-lm") or any registered model name (a model registered later with
+            "finetune-lm", "sft", "dpo", "simpo") or any registered model name (a model registered later with
             `zoo.register` gets its family's pretraining recipe). None, with `weights`:
             the fine-tuning recipe of the checkpoint's kind ("classify" for encoders,
             "finetune-lm" for decoders).
@@ -267,6 +267,7 @@ def get(name: str | None = None, weights: str | None = None, **changes) -> Recip
 
     Example:
     >>> recipes.get("classify", weights="path/to/all-MiniLM-L6-v2", steps=300)
+    >>> recipes.get("llama3.1-8b", weights="path/to/Llama-3.1-8B-Instruct")  # its LoRA recipe, its weights
     >>> recipes.get("enc-base", batch_size=16)
     """
     if isinstance(name, Recipe):
