@@ -307,9 +307,10 @@ def begin(recipe, steps=None, strategy=None, devices=None, collective_timeout=No
     a multi-worker strategy must exist before TensorFlow runs anything."""
     recipe = get(recipe) if not isinstance(recipe, Recipe) else recipe
     if recipe.lora_rank and recipe.weights is None:
-        raise ValueError(f"{recipe.name!r}'s recipe trains LoRA adapters, which adapt pretrained weights (a run keeps "
-                         "only the adapters and a reference to them): pass weights= (--weights BASE), a Hugging Face "
-                         f"folder{f' of the {recipe.spec.description}' if recipe.spec.description else ''}.")
+        shape = f" ({recipe.name}: {recipe.spec.description})" if recipe.spec.description else ""
+        raise ValueError(f"The recipe of {recipe.name!r} trains LoRA adapters, which adapt pretrained weights (a run "
+                         "keeps only the adapters and a reference to them): pass weights= (--weights BASE), a Hugging "
+                         f"Face folder{shape}.")
     if steps is not None and steps != recipe.steps:
         recipe = recipe.with_steps(steps)
     cluster = strategy

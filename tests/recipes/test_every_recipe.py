@@ -142,7 +142,8 @@ def test_a_lora_recipe_needs_weights_and_names_them(tmp_path, recipes_news):
     """The 3B-8B recipes hold no weights: a run without them is refused before anything is written, naming
     the flag and the checkpoint."""
     out = tmp_path / "run"
-    with pytest.raises(ValueError, match=r"'llama3.1-8b'.s recipe trains LoRA.*--weights BASE.*meta-llama/Llama-3"):
+    refusal = r"recipe of 'llama3.1-8b' trains LoRA.*--weights BASE.*meta-llama/Llama-3.1-8B shape"
+    with pytest.raises(ValueError, match=refusal):
         recipes.run("llama3.1-8b", recipes_news, str(out))
     assert not out.exists()
 
