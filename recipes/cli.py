@@ -38,7 +38,8 @@ def register(subparsers):
     p.add_argument("--merge", action="store_true", help="with --lora-rank and --hf-out: write the adapters merged "
                    "into the float base, as full Hugging Face weights")
     p.add_argument("--recipe", help="recipe name (default: the model's own; with --weights, 'classify' for "
-                   "encoders and 'finetune-lm' for decoders; 'sft': chat / instruction fine-tuning of a decoder)")
+                   "encoders and 'finetune-lm' for decoders, unless the model's own fine-tunes weights (the 3B-8B "
+                   "checkpoints': LoRA chat fine-tuning); 'sft': chat / instruction fine-tuning of a decoder)")
     p.add_argument("--steps", type=int, help="optimizer updates (default: the recipe's)")
     p.add_argument("--text-column", help="CSV column / JSONL field / TFDS feature holding the text (default: text)")
     p.add_argument("--label-column", help="the label column, for --recipe classify")
@@ -118,7 +119,9 @@ def _train(args):
     if args.override:
         changes["model_overrides"] = dict(_override(o) for o in args.override)
     if args.weights:
-        default = "classify" if args.label_column else None
+        # a model whose own recipe fine-tunes weights (the 3B-8B checkpoints') runs it; others the kind's default
+        own = args.model if args.model in recipes.names() and recipes.get(args.model).from_weights else None
+        default = "classify" if args.label_column else own
         recipe = recipes.get(args.recipe or default, weights=args.weights)
         if args.model is not None:
             changes["model"] = args.model  # checked against the weights' shape

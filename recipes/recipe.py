@@ -1,8 +1,10 @@
 """A `Recipe` is everything about training a model that is not its shape: the task,
 precision, optimizer, schedule, batch geometry and checkpointing. Recipes are frozen data,
 like `zoo.ModelSpec`, so a registered name always means the same training run; every
-registered model has one under its own name, and "classify" / "finetune-lm" fine-tune
-from weights. Where each default comes from: docs/training.md (Where the defaults come from).
+registered model has one under its own name (the 3B-8B checkpoints' are LoRA fine-tuning of
+the released weights, which `recipes.get(name, weights=...)` fills in), and "classify" /
+"finetune-lm" / "sft" / "dpo" / "simpo" fine-tune any model from weights. Where each default
+comes from: docs/training.md (Where the defaults come from).
 """
 
 from __future__ import annotations
@@ -111,9 +113,6 @@ class Recipe:
         checks.lora(self.lora_rank, self.lora_alpha, self.quantize, fused=self.fused)
         check(self.lora_rank is not None or self.lora_targets is None,
               "lora_targets applies to LoRA only; set lora_rank (--lora-rank) too, or drop lora_targets.")
-        check(self.lora_rank is None or self.weights is not None,
-              "LoRA adapts pretrained weights, and a run keeps only the adapters and a reference to them: pass "
-              "weights= (--weights BASE), a Hugging Face folder.")
         check(self.fused_clip in CLIPS, f"Unknown fused_clip {self.fused_clip!r}; known: {', '.join(CLIPS)}.")
         check(self.loss_chunk is None or (isinstance(self.loss_chunk, int) and self.loss_chunk >= 0),
               f"loss_chunk must be None (the default chunk), 0 (unchunked) or a positive number of positions; "
@@ -167,6 +166,13 @@ class Recipe:
         if self.preference != "dpo":
             return None
         return "adapters" if self.lora_rank and self.reference is None else "stored"
+
+    @property
+    def from_weights(self) -> bool:
+        """Whether the recipe only trains pretrained weights (LoRA adapters, chat or preference tuning): it
+        cannot start from random ones, and is what `zoo train MODEL --weights ...` runs for a model whose own
+        recipe it is. A registered one holds no weights; the run must be given them."""
+        return bool(self.lora_rank or self.supervised or self.preference)
 
     @property
     def spec(self) -> zoo.ModelSpec:
@@ -248,7 +254,7 @@ def get(name: str | None = None, weights: str | None = None, **changes) -> Recip
 
     Args:
         name: a recipe name (`recipes.names()`: each model's own, "classify",
-            "finetune-lm") or any registered model name (a model registered later with
+            "finetune-lm", "sft", "dpo", "simpo") or any registered model name (a model registered later with
             `zoo.register` gets its family's pretraining recipe). None, with `weights`:
             the fine-tuning recipe of the checkpoint's kind ("classify" for encoders,
             "finetune-lm" for decoders).
@@ -261,6 +267,7 @@ def get(name: str | None = None, weights: str | None = None, **changes) -> Recip
 
     Example:
     >>> recipes.get("classify", weights="path/to/all-MiniLM-L6-v2", steps=300)
+    >>> recipes.get("llama3.1-8b", weights="path/to/Llama-3.1-8B-Instruct")  # its LoRA recipe, its weights
     >>> recipes.get("enc-base", batch_size=16)
     """
     if isinstance(name, Recipe):
@@ -318,6 +325,55 @@ for _name, _like in {"qwen2.5-0.5b": "dec-large", "qwen3-0.6b": "dec-large", "ge
     _source = _RECIPES.get(_like)
     register(_name, _source.replace(model=_name, notes=f"{_like}'s recipe on the {_name} shape "
                                                        f"({_source.notes.split(':')[0]})."))
+# The 3B-8B checkpoints are fine-tuned, not pretrained, here: their recipes train LoRA adapters on the released
+# weights (`recipes.get(name, weights=FOLDER)`; a run without weights is refused), on chat / instruction rows
+# (recipes.sft), with the settings the authors' or PyTorch's fine-tuning configs publish for each checkpoint (cited
+# in notes; docs/training.md). The frozen base is stored in bfloat16, as those configs load it; the adapters train
+# in float32. QLoRA: quantize="int4" (--quantize int4). Full fine-tuning: recipe "sft" at the full rate in notes.
+_TORCHTUNE = "torchtune recipes/configs/{config}_lora_single_device.yaml (and _lora.yaml)"
+_ATTENTION_AND_MLP = "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # torchtune: q, v, output_proj + the MLP
+
+
+def _lora_sft(model, learning_rate, warmup_steps, weight_decay, clipnorm, lora_rank, lora_alpha, lora_targets,
+              accumulation_steps, notes, beta_2=0.999):
+    return Recipe(
+        task="causal_lm", model=model, supervised=True, precision="bfloat16", checkpointing="full",
+        lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=lora_targets, learning_rate=learning_rate,
+        beta_1=0.9, beta_2=beta_2, epsilon=1e-8, weight_decay=weight_decay, clipnorm=clipnorm,
+        warmup_steps=warmup_steps, steps=1000, decay="cosine", min_lr_ratio=0.0, batch_size=1,
+        accumulation_steps=accumulation_steps, sequence_length=2048, lowercase=False, log_every=50,
+        checkpoint_every=200, notes=notes,
+    )
+
+
+def _torchtune(model, config, lora_rank, sequences, full_lr, authors):
+    """torchtune's single-device LoRA config of the checkpoint: AdamW lr 3e-4, weight decay 0.01, 100 warmup steps
+    then cosine to 0, no gradient clipping (clip_grad_norm: null), alpha 2 x rank, activation checkpointing."""
+    source = _TORCHTUNE.format(config=config)
+    return _lora_sft(
+        model, 3e-4, 100, 0.01, None, lora_rank, 2.0 * lora_rank, _ATTENTION_AND_MLP, sequences,
+        f"LoRA fine-tuning, {source}: AdamW lr 3e-4, weight decay 0.01, 100 warmup steps then cosine, no clipping, "
+        f"rank {lora_rank}, alpha {2 * lora_rank}, q/v/o + MLP, {sequences} sequences per update (here 1 x "
+        f"{sequences} accumulated). Full fine-tuning ({config}_full*.yaml): lr {full_lr}, recipe 'sft'. {authors}")
+
+
+_LLAMA_COOKBOOK = ("Meta's llama-cookbook (src/llama_cookbook/configs/training.py, peft.py) defaults differ: lr 1e-4, "
+                   "no weight decay, no warmup, lr x 0.85 per epoch, no clipping, rank 8, alpha 32, q/v only.")
+_QWEN25_GUIDE = ("Qwen's Qwen2.5 guide (QwenLM docs/source/training/SFT/llama_factory.rst) runs LoRA on q/v at lr "
+                 "5e-6, torchtune's full-fine-tuning rate, with 100 warmup steps, weight decay 0.1, cosine: not taken.")
+
+
+_QWEN3_SWIFT = ("LoRA fine-tuning, Qwen's Qwen3 guide (QwenLM/Qwen3 docs/source/training/ms_swift.md, its Qwen3-8B "
+                "example): lr 1e-4, rank 8, alpha 32, all-linear, warmup 5%, 1 x 16 accumulated, max_length 2048; "
+                "ms-swift's defaults (swift/trainers/arguments.py): weight decay 0.1, beta2 0.95, cosine; "
+                "Hugging Face Trainer's max_grad_norm 1.0. Full fine-tuning (the same guide): lr 1e-5, recipe 'sft'.")
+
+register("llama3.1-8b", _torchtune("llama3.1-8b", "llama3_1/8B", 8, 16, "2e-5", _LLAMA_COOKBOOK))
+register("llama3.2-3b", _torchtune("llama3.2-3b", "llama3_2/3B", 64, 32, "2e-5", _LLAMA_COOKBOOK))
+register("qwen2.5-3b", _torchtune("qwen2.5-3b", "qwen2_5/3B", 8, 16, "5e-6", _QWEN25_GUIDE))
+register("qwen2.5-7b", _torchtune("qwen2.5-7b", "qwen2_5/7B", 8, 16, "5e-6", _QWEN25_GUIDE))
+for _name in ("qwen3-4b", "qwen3-8b"):
+    register(_name, _lora_sft(_name, 1e-4, 50, 0.1, 1.0, 8, 32.0, lora.ALL_LINEAR, 16, _QWEN3_SWIFT, beta_2=0.95))
 register("finetune-lm", Recipe(
     task="causal_lm", model="dec-base", learning_rate=5e-5, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
     weight_decay=0.0, clipnorm=1.0, warmup_steps=0, steps=1000, decay="linear", batch_size=8,

@@ -293,6 +293,11 @@ def begin(recipe, steps=None, strategy=None, devices=None, collective_timeout=No
     """(recipe, cluster): the recipe stretched to `steps`, and the strategy's cluster, made first:
     a multi-worker strategy must exist before TensorFlow runs anything."""
     recipe = get(recipe) if not isinstance(recipe, Recipe) else recipe
+    if recipe.lora_rank and recipe.weights is None:
+        shape = f" ({recipe.name}: {recipe.spec.description})" if recipe.spec.description else ""
+        raise ValueError(f"The recipe of {recipe.name!r} trains LoRA adapters, which adapt pretrained weights (a run "
+                         "keeps only the adapters and a reference to them): pass weights= (--weights BASE), a Hugging "
+                         f"Face folder{shape}.")
     if steps is not None and steps != recipe.steps:
         recipe = recipe.with_steps(steps)
     cluster = strategy

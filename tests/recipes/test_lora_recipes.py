@@ -105,8 +105,9 @@ def test_lora_settings_are_refused_with_the_fix(base, run, recipes_news, tmp_pat
         make_recipe(base).replace(lora_targets="q_proj,qkv")
     with pytest.raises(ValueError, match="fused update is not combined with LoRA"):
         make_recipe(base).replace(fused=True, checkpointing="full")
-    with pytest.raises(ValueError, match="pass weights="):
-        recipes.get("dec-base", lora_rank=4)
+    with pytest.raises(ValueError, match="pass weights="):  # a recipe may hold LoRA settings; a run needs the base
+        recipes.run(recipes.get("dec-base", lora_rank=4), recipes_news, str(tmp_path / "no-base"), column="text")
+    assert not (tmp_path / "no-base").exists()
     with pytest.raises(ValueError, match="holds LoRA adapters, not a base model.*--merge"):
         recipes.get(weights=str(run[2]), lora_rank=4)
     record = {**json.loads((run[0] / BASE_FILE).read_text()), "sha256": "0" * 64}
