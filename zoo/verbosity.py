@@ -61,7 +61,7 @@ def configure_tensorflow_env():
 def quiet_import():
     """Around the first import of TensorFlow: at level 0, what its C++ side writes to the terminal (fd 2) goes to
     a scratch file, replayed if the import fails so that a broken install still explains itself."""
-    if level() != "0" or "tensorflow" in sys.modules:
+    if level() != "0":
         yield
         return
     sys.stderr.flush()

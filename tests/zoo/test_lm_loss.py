@@ -126,6 +126,7 @@ def step_peak(loss_fn, h, head):
     return allocator_peak(lambda: float(step(h)[0]))
 
 
+@pytest.mark.memory
 def test_gradient_memory_is_chunk_sized():
     """Allocator peak of a tf.function gradient computation: 32 MB of float32 logits unchunked."""
     batch, seq, vocab, hidden, chunk = 2, 512, 8000, 64, 64
@@ -179,6 +180,7 @@ def compiled(loss_chunk, metrics=None, loss=None, vocab=4096, seq=256):
     return model, x, y
 
 
+@pytest.mark.memory
 def test_metrics_are_computed_chunk_by_chunk_in_the_chunked_memory():
     """`metrics=["accuracy"]` used to switch the chunked loss off silently (the whole float32 logits,
     gigabytes at dec-1b). Now the metrics are updated chunk by chunk: the same figures as on the

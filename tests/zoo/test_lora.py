@@ -283,6 +283,7 @@ def test_a_quantized_gemma3_keeps_its_embedding_scale(capsys):
     assert 0 < error <= 3e-2, error
 
 
+@pytest.mark.memory
 def test_deleted_and_quantized_models_free_their_float_kernels():
     """The scratch graphs Keras traces while building a model held all its variables (through the
     custom gradients TensorFlow registers for good): a deleted model was never freed, and

@@ -86,3 +86,25 @@ def test_zoo_train_reports_which_measure_it_used(tmp_path, monkeypatch, capsys):
     line = json.loads(out.strip().splitlines()[-1])
     assert line["peak_measure"] in (measure.RSS, measure.RSS_SINCE_START) and line["peak_bytes"] > 100 * MiB, line
     assert "TensorFlow keeps no allocator statistics" in out
+
+
+def onednn_on() -> bool:
+    """Whether this process runs TensorFlow's oneDNN kernels (its default on CPUs with AVX-512 VNNI / AMX)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def test_memory_tests_hold_with_onednn_flipped():
+    """Every memory test (marked `memory`) again, in a process with oneDNN the other way round from this one's: the
+    suite itself runs as this CPU's TensorFlow picks (on with AVX-512 VNNI / AMX, off elsewhere), so on every machine
+    the allocator bounds are checked under both kernels libraries, whose workspaces differ."""
+    flipped = "0" if onednn_on() else "1"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # not an xdist worker's
+    env.update(TF_ENABLE_ONEDNN_OPTS=flipped, PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests", "-m", "memory", "-n", "0", "-q",
+                           "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    tail = done.stdout[-4000:]
+    assert done.returncode == 0, f"with TF_ENABLE_ONEDNN_OPTS={flipped}:\n{tail}\n{done.stderr[-2000:]}"
+    assert " passed" in tail and " failed" not in tail, tail

@@ -4,6 +4,7 @@ The estimate is pinned to numbers worked out by hand from zoo/memory.py's
 docstring for a small spec, so that a formula changed by a factor fails here (an
 ordering of policies or a linearity in batch survives any constant factor)."""
 
+import os
 import subprocess
 import sys
 
@@ -154,10 +155,12 @@ def test_largest_batch_is_the_last_that_fits():
 
 def test_cli_runs_as_a_module():
     """One real `python -m zoo.cli` process; the other CLI tests call zoo.cli.main in-process."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "ZOO_VERBOSE")}  # a user's
     out = subprocess.run([sys.executable, "-m", "zoo.cli", "list"], capture_output=True, text=True, timeout=300,
-                         cwd=REPO)
+                         cwd=REPO, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert all(name in out.stdout for name in zoo.names())
+    assert out.stderr == "", out.stderr  # quiet by default: none of TensorFlow's loading lines (zoo.verbosity)
 
 
 def test_cli_info_and_plan(capsys):

@@ -117,6 +117,7 @@ def test_sequence_logps_mixed_bfloat16(head):
         assert relative(r, g) < 2e-2
 
 
+@pytest.mark.memory
 def test_gradient_memory_is_chunk_sized():
     """Allocator peak of a tf.function gradient computation: the whole logits are 3 x 512 x 8000 float32
     (47 MiB); the chunked log-probabilities hold a chunk's, with a trainable head and with a frozen one."""

@@ -304,6 +304,7 @@ def step_peak(name, policy, core, length, num_layers=6, chunk_size=None):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.memory
 def test_recomputation_lowers_step_memory(name):
     """At a sequence long enough for the attention scores to dominate (s=256: the
     scores' 5·a·s/h = 80 outweigh the rest's 34), the plain core keeps less under
@@ -318,6 +319,7 @@ def test_recomputation_lowers_step_memory(name):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.memory
 def test_chunked_core_step_memory_grows_less_than_quadratically(name):
     """Quadrupling the sequence quadruples a linear core's step memory and would
     multiply a quadratic one's by up to 16: the chunked core (128-position tiles,

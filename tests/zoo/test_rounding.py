@@ -125,6 +125,7 @@ def test_streams_are_keyed_by_step_and_variable():
 @pytest.mark.parametrize("make", [lambda: AdamW(1e-3, weight_decay=0.01, global_clipnorm=1.0, rounding="stochastic"),
                                   lambda: Adafactor(weight_decay=0.01, global_clipnorm=1.0, rounding="stochastic")],
                          ids=["adamw", "adafactor"])
+@pytest.mark.memory
 def test_a_rounded_update_holds_one_variable_at_a_time(make):
     """Eight bfloat16 variables: TF's executor would make every variable's float32 reads, new
     values and random bits as the step starts (measured: 33 float32 copies of a variable for

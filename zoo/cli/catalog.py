@@ -6,9 +6,10 @@ import zoo
 
 
 def _list(args):
-    for name in zoo.names():
-        s = zoo.spec(name)
-        print(f"{name:10s} {s.family:6s} {s.num_params() / 1e6:8.1f}M  {s.description}")
+    specs = {name: zoo.spec(name) for name in zoo.names()}
+    width, family_width = max(map(len, specs)), max(len(s.family) for s in specs.values())
+    for name, s in specs.items():
+        print(f"{name:{width}s} {s.family:{family_width}s} {s.num_params() / 1e6:8.1f}M  {s.description}")
     return 0
 
 
