@@ -8,12 +8,60 @@ a prompt and to know where an answer ends.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from zoo.chat.template import ChatTemplate, ChatTemplateError
-from zoo.chat.tokens import ChatTokenizer
+from zoo.chat.tokens import ChatTokenizer, Encoded
+
+
+@dataclass(frozen=True)
+class EncodedChat(Encoded):
+    """A rendered conversation: `ids` and `mask` (1 = trained), the `text`, the assistant turns' character
+    `spans`, and each token's character `offsets`."""
+
+    text: str = ""
+    spans: tuple = ()
+    offsets: np.ndarray | None = None
+
+    def show_mask(self, tokenizer=None, mask=None, open_mark="\u27e6", close_mark="\u27e7") -> str:
+        """The text with each run of trained tokens between ⟦ and ⟧: what a training row learns, at a glance.
+        `mask`: another mask over the same tokens (a reference's) to draw instead."""
+        mask = np.asarray(self.mask if mask is None else mask)
+        out, at, inside = [], 0, False
+        for (start, end), trained in zip(self.offsets, mask):
+            if trained and not inside:
+                out.append(self.text[at:start] + open_mark)
+                at, inside = start, True
+            elif not trained and inside:
+                out.append(self.text[at:start] + close_mark)
+                at, inside = start, False
+            out.append(self.text[at:end])
+            at = end
+        out.append(self.text[at:] if not inside else self.text[at:] + close_mark)
+        return "".join(out)
+
+
+def encode_chat(template: ChatTemplate, tokenizer: ChatTokenizer, messages, tools=None, add_generation_prompt=False,
+                **template_kwargs) -> EncodedChat:
+    """A conversation as the model trains on it: the checkpoint's own template renders it (tools and the
+    template's keyword arguments, `enable_thinking=False`, `date_string=...`, as transformers passes them), the
+    checkpoint's tokenizer encodes it as transformers does, and `mask` marks the assistant turns' tokens
+    (`ChatTemplate.render_with_spans`: the reasoning, text and tool calls the template keeps, and the
+    end-of-turn token). SFT, DPO and generation all go through it; `show_mask` draws what is trained.
+
+    Example:
+    >>> chat = encode_chat(template, tokenizer, [{"role": "user", "content": "Hi"},
+    ...                                          {"role": "assistant", "content": "Hello!"}])
+    >>> print(chat.show_mask())
+    <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n⟦Hello!<|im_end|>⟧\n
+    """
+    text, spans = template.render_with_spans(messages, add_generation_prompt, tools,
+                                              control_tokens=tokenizer.control_tokens, **template_kwargs)
+    encoded, offsets = tokenizer.encode_with_offsets(text, spans)
+    return EncodedChat(encoded.ids, encoded.mask, text, tuple(spans), offsets)
 
 _PROBE = "\u2063zoo-probe\u2063"  # an answer no template changes, to see what follows an assistant turn
 
@@ -46,10 +94,13 @@ class Chat:
         self.tokenizer.save(folder)
         self.template.save(folder)
 
-    def prompt_ids(self, messages) -> np.ndarray:
+    def prompt_ids(self, messages, tools=None, **template_kwargs) -> np.ndarray:
         """The conversation rendered with the generation prompt, as int32 token ids."""
-        text = self.template.render(messages, add_generation_prompt=True)
-        return self.tokenizer.encode([text], [None])[0].ids
+        return self.encode(messages, tools, add_generation_prompt=True, **template_kwargs).ids
+
+    def encode(self, messages, tools=None, add_generation_prompt=False, **template_kwargs) -> EncodedChat:
+        """`encode_chat` with this chat's template and tokenizer."""
+        return encode_chat(self.template, self.tokenizer, messages, tools, add_generation_prompt, **template_kwargs)
 
     def decode(self, ids) -> str:
         """An answer's ids as text, without the special tokens (the end-of-turn token)."""

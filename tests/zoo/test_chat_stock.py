@@ -1,0 +1,73 @@
+"""Stock chat templates, as twelve public instruct checkpoints ship them, against transformers: for every
+conversation, `zoo.chat.encode_chat` gives transformers' text and ids, and the assistant mask transformers
+computes from the template's tagged twin (tests/fixtures/chat/stock, made by tools/make_stock_chat_fixtures.py);
+a conversation transformers refuses is refused too. No template is edited: spans come from markers.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from zoo.chat import ChatTemplate, ChatTemplateError, ChatTokenizer, encode_chat
+
+STOCK = Path(__file__).parent.parent / "fixtures" / "chat" / "stock"
+NAMES = sorted(p.stem for p in STOCK.glob("*.json") if p.name != "tokenizer.json")
+
+
+def fixture(name):
+    return json.loads((STOCK / f"{name}.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return ChatTokenizer.from_folder(STOCK)
+
+
+def stock_template(data):
+    return ChatTemplate((STOCK / data["template_file"]).read_text(encoding="utf-8"), data["special_tokens"],
+                        origin=data["template_file"])
+
+
+def test_every_stock_template_has_a_fixture():
+    assert len(NAMES) == 11  # + smollm2's own GGUF template in test_chat_template.py
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stock_template_equals_transformers(name, tokenizer):
+    data = fixture(name)
+    template = stock_template(data)
+    differing = []
+    for case in data["cases"]:
+        encoded = encode_chat(template, tokenizer, case["messages"], tools=case["tools"],
+                              add_generation_prompt=case["add_generation_prompt"], **case["template_kwargs"])
+        if encoded.text != case["text"] or encoded.ids.tolist() != case["input_ids"]:
+            differing.append((case["name"], "text/ids"))
+        elif "assistant_masks" in case and encoded.mask.tolist() != case["assistant_masks"]:
+            differing.append((case["name"], encoded.show_mask(tokenizer), "want",
+                              encoded.show_mask(tokenizer, case["assistant_masks"])))
+    assert not differing, differing
+    assert sum("assistant_masks" in c for c in data["cases"]) >= 10
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_what_transformers_refuses_is_refused(name, tokenizer):
+    data = fixture(name)
+    template = stock_template(data)
+    for case in data["errors"]:
+        with pytest.raises(ChatTemplateError):
+            encode_chat(template, tokenizer, case["messages"], tools=case["tools"],
+                        add_generation_prompt=case["add_generation_prompt"], **case["template_kwargs"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tagged_twin_gives_the_same_spans(name, tokenizer):
+    """The twin's own {% generation %} tags (transformers' mechanism) through zoo's renderer: the same masks."""
+    data = fixture(name)
+    twin = ChatTemplate(data["template_with_generation"], data["special_tokens"])
+    for case in data["cases"]:
+        if "assistant_masks" in case:
+            encoded = encode_chat(twin, tokenizer, case["messages"], tools=case["tools"],
+                                  add_generation_prompt=case["add_generation_prompt"], **case["template_kwargs"])
+            np.testing.assert_array_equal(encoded.mask, case["assistant_masks"], err_msg=case["name"])
