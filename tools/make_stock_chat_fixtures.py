@@ -162,7 +162,8 @@ def llama3_twin(stock):
     plain = ("{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim "
              "+ '<|eot_id|>' }}")
     tagged = replace_once(stock, plain, (
-        "{%- if message.role == 'assistant' %}{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+        "{%- if message.role == 'assistant' %}"
+        "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
         "{%- generation %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endgeneration %}{%- else %}" + plain
         + "{%- endif %}"))
     header = "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}"
@@ -261,9 +262,10 @@ def qwen3_twin(stock):
 
 def mistral_twin(stock):
     """Mistral v0.3: everything after [/INST]: ' ' + text + </s>, or [TOOL_CALLS] [...] + </s>."""
-    tagged = replace_once(stock, '        {{- "[TOOL_CALLS] [" }}', '        {%- generation %}\n        {{- "[TOOL_CALLS] [" }}')
-    tagged = replace_once(tagged, '        {%- endfor %}\n    {%- elif message["role"] == "assistant" %}',
-                          '        {%- endfor %}\n        {%- endgeneration %}\n    {%- elif message["role"] == "assistant" %}')
+    calls, assistant = '        {{- "[TOOL_CALLS] [" }}', '    {%- elif message["role"] == "assistant" %}'
+    tagged = replace_once(stock, calls, "        {%- generation %}\n" + calls)
+    tagged = replace_once(tagged, "        {%- endfor %}\n" + assistant,
+                          "        {%- endfor %}\n        {%- endgeneration %}\n" + assistant)
     return replace_once(tagged, '        {{- " " + message["content"]|trim + eos_token}}',
                         '        {%- generation %}{{- " " + message["content"]|trim + eos_token}}{%- endgeneration %}')
 
@@ -281,9 +283,10 @@ def phi4_twin(stock):
 
 
 def deepseek_twin(stock):
-    """DeepSeek-R1: after <｜Assistant｜> (or the tool outputs' end), the text after </think> + <｜end▁of▁sentence｜>."""
+    """DeepSeek-R1: after <｜Assistant｜> (or the tool outputs' end), the text after </think> and the eos."""
     tagged = replace_once(stock, "{{'<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>'}}",
-                          "{{'<｜Assistant｜>'}}{% generation %}{{content + '<｜end▁of▁sentence｜>'}}{% endgeneration %}")
+                          "{{'<｜Assistant｜>'}}{% generation %}{{content + '<｜end▁of▁sentence｜>'}}"
+                          "{% endgeneration %}")
     return replace_once(tagged, "{{'<｜tool▁outputs▁end｜>' + message['content'] + '<｜end▁of▁sentence｜>'}}",
                         "{% generation %}{{'<｜tool▁outputs▁end｜>' + message['content'] + '<｜end▁of▁sentence｜>'}}"
                         "{% endgeneration %}")

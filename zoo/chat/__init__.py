@@ -9,8 +9,8 @@ generation (zoo.chat.chat: the prompt, and the end-of-turn token to stop at).
 """
 
 from zoo.chat.chat import Chat, EncodedChat, encode_chat
-from zoo.chat.template import ROLES, ChatTemplate, ChatTemplateError, check_messages, normalize_messages
+from zoo.chat.template import ChatTemplate, ChatTemplateError, normalize_messages
 from zoo.chat.tokens import TOKENIZER_FILE, ChatTokenizer, Encoded, mask_from_offsets
 
-__all__ = ["ROLES", "TOKENIZER_FILE", "Chat", "ChatTemplate", "ChatTemplateError", "ChatTokenizer", "Encoded",
-           "EncodedChat", "check_messages", "encode_chat", "mask_from_offsets", "normalize_messages"]
+__all__ = ["TOKENIZER_FILE", "Chat", "ChatTemplate", "ChatTemplateError", "ChatTokenizer", "Encoded", "EncodedChat",
+           "encode_chat", "mask_from_offsets", "normalize_messages"]

@@ -7,10 +7,11 @@ the globals `raise_exception` and `strftime_now`; it renders with `messages`, `t
 does the same, so a conversation reads exactly as the checkpoint was trained to read it.
 
 Assistant spans (what the loss is taken on) come from the template's `{% generation %}` blocks where
-it has them, as transformers' `return_assistant_tokens_mask` does; otherwise from rendering
-prefixes: an assistant message's span is what its turn adds after the generation prompt of the
-conversation before it, without the whitespace that follows the end-of-turn token (TRL's training
-templates leave that newline outside the tag too).
+it has them, as transformers' `return_assistant_tokens_mask` does; otherwise (a checkpoint's own template,
+unedited) from markers: the conversation is rendered once more with a unique marker in each message's text,
+the markers say where each message landed, and an assistant turn runs from the end of the assistant header
+(the generation prompt) through its end-of-turn token, whatever the template does to earlier turns
+(`_MarkedRender`). Messages are normalized as transformers normalizes them (`normalize_messages`).
 
 Where a template is found (`ChatTemplate.find`): `chat_template.jinja`, `chat_template.json` or
 `tokenizer_config.json`'s `chat_template` in a Hugging Face folder, and a GGUF file's
@@ -26,7 +27,6 @@ import re
 from datetime import datetime
 from pathlib import Path
 
-ROLES = ("system", "user", "assistant", "tool")
 TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -553,7 +553,3 @@ def normalize_messages(messages) -> list[dict]:
         out.append(message)
     return out
 
-
-def check_messages(messages):
-    """Refuses, by position, a conversation transformers would not render (see `normalize_messages`)."""
-    normalize_messages(messages)
