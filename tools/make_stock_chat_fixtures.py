@@ -22,14 +22,16 @@ An error: the same inputs and what apply_chat_template raised (exception class a
 transformers refuses (a template's raise_exception, or a template that fails on the input).
 
     # a throwaway venv: transformers is not a keras-zoo dependency (no torch needed)
-    python3 -m venv /tmp/ref-venv && /tmp/ref-venv/bin/pip install transformers jinja2 tokenizers
+    python3 -m venv /tmp/ref-venv && /tmp/ref-venv/bin/pip install transformers==5.25.0 jinja2 tokenizers
     /tmp/ref-venv/bin/python tools/make_stock_chat_fixtures.py      # writes tests/fixtures/chat/stock/*.json
+    # (made here with the 5.25.0 wheel unpacked in front of a 5.24.0 venv: PYTHONPATH=/tmp/tf525/x)
 """
 
 import copy
 import json
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -150,6 +152,10 @@ CASES = [
         {"type": "function", "function": {"name": "brave_search", "arguments": {"query": "weather Zürich"}}}]},
         {"role": "ipython", "content": "21 degrees, clear"}, A_TOOL], None,
      {"builtin_tools": ["brave_search", "wolfram_alpha"]}, False),
+    ("tool_response_as_user_text", [
+        U_TOOL, {"role": "assistant", "content": "Let me look.", "tool_calls": [CALL]},
+        {"role": "user", "content": "<tool_response>\n{\"temperature\": 21}\n</tool_response>"},
+        reasoning("reasoning_content", A_TOOL, "21 degrees is warm.")], None, {}, False),
     ("list_content", [{"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]},
                       {"role": "assistant", "content": [{"type": "text", "text": "Paris."}]}], None, {}, False),
 ]
@@ -325,9 +331,19 @@ def train_tokenizer(path):
 
 # ----------------------------------------------------------------------------------------------------- record
 def versions():
-    from importlib.metadata import version
+    import jinja2
+    import tokenizers
+    import transformers
 
-    return {"python": platform.python_version(), **{n: version(n) for n in ("transformers", "tokenizers", "jinja2")}}
+    return {"python": platform.python_version(), "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__, "jinja2": jinja2.__version__}
+
+
+def dumps(doc) -> str:
+    """JSON with each list of numbers (ids, masks) on one line."""
+    text = json.dumps(doc, ensure_ascii=False, indent=1)
+    return re.sub(r"\[(\s*-?\d+,)*\s*-?\d+\s*\]",
+                  lambda m: "[" + ", ".join(x.strip() for x in m.group(0)[1:-1].split(",")) + "]", text) + "\n"
 
 
 def record(tok, name, messages, tools, kwargs, add_generation_prompt, template, tagged):
@@ -379,7 +395,7 @@ def main():
         doc = {"name": name, "source": source, "template_file": file, "versions": versions(),
                "special_tokens": dict(tok.special_tokens_map), "tokenizer": "tokenizer.json",
                "template_with_generation": tagged, "cases": cases, "errors": errors}
-        (ROOT / f"{name}.json").write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        (ROOT / f"{name}.json").write_text(dumps(doc), encoding="utf-8")
         totals[name] = (len(cases), len(errors))
         print(f"{name}: {len(cases)} cases rendered, {len(errors)} refused by transformers "
               f"({', '.join(e['name'] for e in errors)})")

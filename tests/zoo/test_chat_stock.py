@@ -71,3 +71,19 @@ def test_tagged_twin_gives_the_same_spans(name, tokenizer):
             encoded = encode_chat(twin, tokenizer, case["messages"], tools=case["tools"],
                                   add_generation_prompt=case["add_generation_prompt"], **case["template_kwargs"])
             np.testing.assert_array_equal(encoded.mask, case["assistant_masks"], err_msg=case["name"])
+
+
+def test_a_completion_whose_prompt_is_rewritten_trains_its_own_turn_only(tokenizer):
+    """DeepSeek-R1's generation prompt prefills `<think>\\n`, which the answered turn lacks: the prompt is not a
+    prefix of the whole, and the completion's span comes from markers: transformers' mask of its last turn."""
+    data = fixture("deepseek-r1-distill-llama-8b")
+    (case,) = [c for c in data["cases"] if c["name"] == "multi_turn"]
+    template = stock_template(data)
+    *prompt, completion = case["messages"]
+    assert not template.render(case["messages"]).startswith(template.render(prompt, add_generation_prompt=True))
+    text, spans = template.prompt_and_completion(prompt, [completion], control_tokens=tokenizer.control_tokens)
+    (encoded,) = tokenizer.encode([text], [spans])
+    want = np.asarray(case["assistant_masks"])
+    last_turn_start = np.flatnonzero(np.diff(want) == 1)[-1] + 1
+    want[:last_turn_start] = 0
+    assert text == case["text"] and encoded.mask.tolist() == want.tolist()

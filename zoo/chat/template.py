@@ -255,8 +255,13 @@ class ChatTemplate:
             spans = []
             return self._render(messages, add_generation_prompt, tools, template_kwargs, spans), spans
         text = self._render(messages, add_generation_prompt, tools, template_kwargs, None)
+        turns = self._assistant_turns(messages, text, add_generation_prompt, tools, control_tokens, template_kwargs)
+        return text, [span for _, span in turns]
+
+    def _assistant_turns(self, messages, text, add_generation_prompt, tools, control_tokens, template_kwargs):
+        """[(message index, (start, end)), ...] of the assistant messages the template renders (`_MarkedRender`)."""
         if not any(m.get("role") == "assistant" for m in messages):
-            return text, []
+            return []
         render = _MarkedRender(self, messages, add_generation_prompt, tools, template_kwargs, text)
         specials = self._control_tokens(control_tokens)
         key = json.dumps([tools, template_kwargs, specials], sort_keys=True, default=str)
@@ -264,13 +269,13 @@ class ChatTemplate:
             self._turn_shape[key] = (self._assistant_header(tools, template_kwargs, specials),
                                      self._turn_ends(tools, template_kwargs, specials))
         header, ends = self._turn_shape[key]
-        spans = []
+        turns = []
         for i, message in enumerate(messages):
             if message.get("role") == "assistant":
                 span = render.span(i, header, ends, specials)
                 if span is not None and span[1] > span[0]:
-                    spans.append(span)
-        return text, spans
+                    turns.append((i, span))
+        return turns
 
     def prompt_and_completion(self, prompt, completion, tools=None, control_tokens=(),
                               **template_kwargs) -> tuple[str, list[tuple[int, int]]]:
@@ -279,9 +284,10 @@ class ChatTemplate:
         before = self.render(prompt, add_generation_prompt=True, tools=tools, **template_kwargs)
         text = self.render(list(prompt) + list(completion), tools=tools, **template_kwargs)
         if not text.startswith(before):
-            # a template that rewrites the prompt once answered (Qwen3 drops reasoning): the answer's own spans
-            return self.render_with_spans(list(prompt) + list(completion), tools=tools, control_tokens=control_tokens,
-                                          **template_kwargs)
+            # a template that rewrites the prompt once answered (Qwen3 drops reasoning): the completion's own turns
+            messages = normalize_messages(list(prompt) + list(completion))
+            turns = self._assistant_turns(messages, text, False, tools, control_tokens, template_kwargs)
+            return text, [span for i, span in turns if i >= len(prompt)]
         end = len(text.rstrip(_WHITESPACE))
         return text, [(len(before), end)] if end > len(before) else []
 
