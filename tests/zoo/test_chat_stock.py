@@ -87,3 +87,30 @@ def test_a_completion_whose_prompt_is_rewritten_trains_its_own_turn_only(tokeniz
     last_turn_start = np.flatnonzero(np.diff(want) == 1)[-1] + 1
     want[:last_turn_start] = 0
     assert text == case["text"] and encoded.mask.tolist() == want.tolist()
+
+
+def test_a_serving_tokenizer_that_splits_unlike_training_is_refused(tokenizer, tmp_path):
+    """keras-hub's BytePairTokenizer (a SavedModel's in-graph tokenizer) on the same vocabulary and merges splits
+    whitespace unlike `tokenizers`: many fixture texts get other ids, so a chat export with it is refused."""
+    import keras_hub
+
+    import zoo
+    from tests.common import TINY_DEC
+    from zoo.chat import Chat
+
+    saved = json.loads((STOCK / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = {**saved["model"]["vocab"], **{t["content"]: t["id"] for t in saved["added_tokens"]}}
+    merges = [" ".join(m) if isinstance(m, list) else m for m in saved["model"]["merges"]]
+    graph_tokenizer = keras_hub.tokenizers.BytePairTokenizer(
+        vocabulary=vocab, merges=merges, unsplittable_tokens=[t["content"] for t in saved["added_tokens"]])
+    cases = [c for name in NAMES for c in fixture(name)["cases"]]
+    differing = sum([int(i) for i in graph_tokenizer(c["text"])] != c["input_ids"] for c in cases)
+    assert differing > len(cases) // 4, (differing, len(cases))
+    for name in NAMES:
+        chat = Chat(stock_template(fixture(name)), tokenizer)
+        assert "tokenizes as" in chat.serving_mismatch(graph_tokenizer), name
+        assert chat.serving_mismatch(lambda text: tokenizer.encode([text], [None])[0].ids) is None, name
+    model = zoo.get("dec-base", **{**TINY_DEC, "vocab_size": len(vocab)})
+    with pytest.raises(ValueError, match="unlike the chat model was trained.*Export without tokenizer="):
+        zoo.export.saved_model(model, tmp_path / "1", tokenizer=graph_tokenizer, chat=chat)
+    assert not (tmp_path / "1").exists()

@@ -63,6 +63,19 @@ def encode_chat(template: ChatTemplate, tokenizer: ChatTokenizer, messages, tool
     encoded, offsets = tokenizer.encode_with_offsets(text, spans)
     return EncodedChat(encoded.ids, encoded.mask, text, tuple(spans), offsets)
 
+
+# Conversations whose whitespace and scripts tell tokenizers apart (keras-hub's BytePairTokenizer splits
+# "\n Grüße" as "\n " + "Grüße", Hugging Face `tokenizers` as "\n" + " Grüße"), for `Chat.serving_mismatch`.
+SERVING_PROBES = (
+    [{"role": "user", "content": "What is the capital of France?"},
+     {"role": "assistant", "content": "The capital of France is Paris."}],
+    [{"role": "system", "content": "Answer in one sentence."},
+     {"role": "user", "content": "  Héllo, wörld!\n Grüße 👋 and 你好世界, naïve café?  \n"},
+     {"role": "assistant", "content": "\n  Ça va très bien 🙂 — 日本語のテキスト, über alles.\t \n\n"}],
+    [{"role": "user", "content": "Indent it:\n\ndef f(x):\n    return  x + 1\n\n\n  done"},
+     {"role": "assistant", "content": "```python\ndef f(x):\n    return x + 1\n```\n\n 1,000,000 items; it's 3.14!"}],
+)
+
 _PROBE = "\u2063zoo-probe\u2063"  # an answer no template changes, to see what follows an assistant turn
 
 
@@ -101,6 +114,24 @@ class Chat:
     def encode(self, messages, tools=None, add_generation_prompt=False, **template_kwargs) -> EncodedChat:
         """`encode_chat` with this chat's template and tokenizer."""
         return encode_chat(self.template, self.tokenizer, messages, tools, add_generation_prompt, **template_kwargs)
+
+    def serving_mismatch(self, tokenize) -> str | None:
+        """Where `tokenize` (text -> ids: a serving graph's tokenizer) tokenizes this chat's conversations
+        (`SERVING_PROBES`, rendered by its template) unlike training does; None where it never does."""
+        for messages in SERVING_PROBES:
+            try:
+                text = self.template.render(messages, add_generation_prompt=False)
+            except ChatTemplateError:
+                continue
+            want = self.tokenizer.encode([text], [None])[0].ids.tolist()
+            got = [int(i) for i in tokenize(text)]
+            if got != want:
+                at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+                pieces = [self.tokenizer.tokenizer.decode([i], skip_special_tokens=False) for i in want[at:at + 3]]
+                served = [self.tokenizer.tokenizer.decode([i], skip_special_tokens=False) for i in got[at:at + 3]]
+                return (f"{text[:40]!r}... tokenizes as {served!r} where training has {pieces!r} (token {at} of "
+                        f"{len(want)})")
+        return None
 
     def decode(self, ids) -> str:
         """An answer's ids as text, without the special tokens (the end-of-turn token)."""
