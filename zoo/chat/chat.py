@@ -76,8 +76,6 @@ SERVING_PROBES = (
      {"role": "assistant", "content": "```python\ndef f(x):\n    return x + 1\n```\n\n 1,000,000 items; it's 3.14!"}],
 )
 
-_PROBE = "\u2063zoo-probe\u2063"  # an answer no template changes, to see what follows an assistant turn
-
 
 class Chat:
     def __init__(self, template: ChatTemplate, tokenizer: ChatTokenizer):
@@ -138,20 +136,11 @@ class Chat:
         return self.tokenizer.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
     def _stop_ids(self) -> list[int]:
-        """The first token after an assistant message's text (<|im_end|>, <|eot_id|>, <end_of_turn>),
-        and the eos token: generation stops at either."""
+        """The template's end-of-turn token (<|im_end|>, <|eot_id|>, <end_of_turn>) and the eos token, as ids
+        (the first token of each): generation stops at either."""
         stops = []
-        try:
-            text = self.template.render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}])
-        except ChatTemplateError:
-            text = ""
-        after = text[text.find(_PROBE) + len(_PROBE):] if _PROBE in text else ""
-        if after.strip():
-            ids = self.tokenizer.encode([after.lstrip(" ")], [None])[0].ids
-            if len(ids):
+        for end in self.template.turn_ends(self.tokenizer.control_tokens):
+            ids = self.tokenizer.encode([end], [None])[0].ids
+            if len(ids) and int(ids[0]) not in stops:
                 stops.append(int(ids[0]))
-        eos = self.template.special_tokens.get("eos_token")
-        eos_id = self.tokenizer.token_id(eos) if eos else None
-        if eos_id is not None and eos_id not in stops:
-            stops.append(int(eos_id))
         return stops

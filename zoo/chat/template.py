@@ -21,6 +21,7 @@ Where a template is found (`ChatTemplate.find`): `chat_template.jinja`, `chat_te
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -112,7 +113,7 @@ class ChatTemplate:
             raise ChatTemplateError(f"{origin} is empty: a chat template is a jinja string.")
         self.source, self.origin = source, origin
         self.special_tokens = {k: v for k, v in (special_tokens or {}).items() if v is not None}
-        self._turn_shape = {}  # (assistant header, end-of-turn tokens) by tools, keyword arguments, special tokens
+        self._turn_shapes = {}  # (assistant header, end-of-turn tokens) by tools, keyword arguments, special tokens
         env = _environment()
         try:
             self._compiled = env.from_string(source)
@@ -264,11 +265,7 @@ class ChatTemplate:
             return []
         render = _MarkedRender(self, messages, add_generation_prompt, tools, template_kwargs, text)
         specials = self._control_tokens(control_tokens)
-        key = json.dumps([tools, template_kwargs, specials], sort_keys=True, default=str)
-        if key not in self._turn_shape:  # one probe per tools and keyword arguments, not per row
-            self._turn_shape[key] = (self._assistant_header(tools, template_kwargs, specials),
-                                     self._turn_ends(tools, template_kwargs, specials))
-        header, ends = self._turn_shape[key]
+        header, ends = self._turn_shape(tools, template_kwargs, specials)
         turns = []
         for i, message in enumerate(messages):
             if message.get("role") == "assistant":
@@ -292,6 +289,19 @@ class ChatTemplate:
         return text, [(len(before), end)] if end > len(before) else []
 
     # ------------------------------------------------------------------ what a turn looks like
+    def turn_ends(self, control_tokens=(), tools=None, **template_kwargs) -> tuple[str, ...]:
+        """The end-of-turn token the template writes after an answer (<|im_end|>, <|eot_id|>, <end_of_turn>,
+        </s>, <|end|>) and the eos token: what generation stops at, and where a trained turn ends."""
+        return self._turn_shape(tools, template_kwargs, self._control_tokens(control_tokens))[1]
+
+    def _turn_shape(self, tools, template_kwargs, specials):
+        """(assistant header, end-of-turn tokens), probed once per tools, keyword arguments and special tokens."""
+        key = json.dumps([tools, template_kwargs, specials], sort_keys=True, default=str)
+        if key not in self._turn_shapes:
+            self._turn_shapes[key] = (self._assistant_header(tools, template_kwargs, specials),
+                                      self._turn_ends(tools, template_kwargs, specials))
+        return self._turn_shapes[key]
+
     def _control_tokens(self, extra) -> tuple[str, ...]:
         """Special tokens, longest first (so that a token is never matched by a shorter one inside it)."""
         tokens = {t for t in (*self.special_tokens.values(), *extra) if isinstance(t, str) and t}
@@ -347,14 +357,17 @@ _MARK = re.compile("\ue000([0-9]+)\ue001")
 
 
 def _first_of(text, needles, start=0, stop=None):
-    """(start, end) of the earliest occurrence of any needle in text[start:stop] (the longest at a tie), or None."""
-    stop = len(text) if stop is None else stop
-    best = None
-    for needle in needles:
-        at = text.find(needle, start, stop)
-        if at >= 0 and at + len(needle) <= stop and (best is None or at < best[0]):
-            best = (at, at + len(needle))
-    return best
+    """(start, end) of the earliest occurrence of any needle in text[start:stop] (at a tie, the first listed:
+    special tokens come longest first), or None."""
+    if not needles:
+        return None
+    found = _alternation(tuple(needles)).search(text, start, len(text) if stop is None else stop)
+    return found.span() if found else None
+
+
+@functools.lru_cache(maxsize=64)
+def _alternation(needles):
+    return re.compile("|".join(re.escape(n) for n in needles))
 
 
 class _MarkedRender:
