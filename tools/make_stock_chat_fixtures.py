@@ -72,7 +72,8 @@ TEMPLATES = {
                          + "; Qwen2.5-3B-Instruct ships the same template",
                          {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
     "gemma-2b-it": ("google-gemma-2-2b-it.jinja", LLAMA_CPP.format("google-gemma-2-2b-it.jinja")
-                    + "; the Gemma 1/2 instruct template (gemma-2b-it's, with its bos_token)",
+                    + "; the Gemma 1/2 instruct template: gemma-2b-it's, as a public Swift Jinja test suite "
+                    "quotes it (test \"Google Gemma-2B-IT\"), renders the same text",
                     {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}),
     "gemma-3-1b-it": ("google-gemma-3-1b-it.jinja", "google/gemma-3-1b-it tokenizer_config.json chat_template, as "
                       "tools/make_chat_fixtures.py writes it out (GEMMA3); the same text a public repository quotes "

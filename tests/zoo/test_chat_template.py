@@ -112,6 +112,17 @@ def test_a_template_that_garbles_the_text_is_refused_not_guessed():
         ChatTemplate(cutting).render_with_spans(messages)
 
 
+def test_a_template_that_upper_cases_the_answer_still_has_its_turn_found():
+    """Markers are private-use characters and digits, which `upper` leaves alone: the turn is found, and what
+    is trained is the text the template renders."""
+    shouting = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | upper if m.role == 'assistant' "
+                "else m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                "{% endif %}")
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "a long answer"}]
+    text, spans = ChatTemplate(shouting).render_with_spans(messages, control_tokens=["<|im_start|>", "<|im_end|>"])
+    assert [text[a:b] for a, b in spans] == ["A LONG ANSWER<|im_end|>"]
+
+
 def test_none_valued_keys_and_reasoning_aliases_as_transformers():
     """transformers drops None-valued keys ("tool_calls": None) and reads `thinking` / `reasoning` as
     `reasoning_content`."""
