@@ -4,7 +4,6 @@ Registered with the `zoo.commands` entry-point group (pyproject.toml), so `zoo`
 itself never imports this package.
 """
 
-import argparse
 import ast
 import json
 import math
@@ -12,6 +11,7 @@ import sys
 from pathlib import Path
 
 from zoo.checks import QUANTIZATION_MODES, ROUNDINGS, WEIGHTS_DTYPES
+from zoo.cli.generate import json_object
 from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS
 
 
@@ -23,16 +23,6 @@ def _override(text):
         return key, ast.literal_eval(value)
     except (ValueError, SyntaxError):
         return key, value
-
-
-def _json_object(text):
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"takes a JSON object, got {text!r} ({error.msg}).") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"takes a JSON object (e.g. '{{\"enable_thinking\": false}}'), got {text!r}.")
-    return value
 
 
 def register(subparsers):
@@ -90,7 +80,7 @@ def register(subparsers):
                    help="--recipe sft: the loss on assistant turns / completions only (default) or on every token")
     p.add_argument("--chat-template", metavar="FILE",
                    help="--recipe sft: a .jinja chat template instead of the checkpoint's own")
-    p.add_argument("--chat-template-kwargs", metavar="JSON", type=_json_object,
+    p.add_argument("--chat-template-kwargs", metavar="JSON", type=json_object,
                    help="--recipe sft / dpo: the chat template's keyword arguments, e.g. "
                    "'{\"enable_thinking\": false}' (a row's chat_template_kwargs override them)")
     p.add_argument("--show-mask", type=int, metavar="ROW",

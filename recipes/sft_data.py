@@ -2,12 +2,13 @@
 with a per-token loss weight, padded one example a row or packed several to a row.
 
 Row formats (the first row decides; every row must have the same):
-  {"messages": [{"role", "content"}, ...]}           a conversation: loss on assistant tokens (zoo.chat.encode_chat)
+  {"messages": [{"role", "content"}, ...]}           a conversation: loss on assistant tokens
   {"prompt": ..., "completion": ...}                  plain strings, or lists of messages: loss on
                                                       the completion
   {"text": "..."}                                      plain text: loss on every token
-Conversations rows may carry TRL's `tools` and `chat_template_kwargs` columns, which reach the template as
-transformers passes them. Conversations are rendered by the checkpoint's own chat template (zoo.chat); plain prompt,
+Conversation rows may carry TRL's `tools` and `chat_template_kwargs` columns, which reach the template as
+transformers passes them. Conversations are rendered by the checkpoint's own chat template, the assistant turns
+found as `zoo.chat.encode_chat` finds them (its `show_mask` draws one row); plain prompt,
 completion and text rows end with the end-of-sequence token, as TRL appends it. `loss_on="all"`
 takes the loss on every token of every format.
 

@@ -114,3 +114,15 @@ def test_a_serving_tokenizer_that_splits_unlike_training_is_refused(tokenizer, t
     with pytest.raises(ValueError, match="unlike the chat model was trained.*Export without tokenizer="):
         zoo.export.saved_model(model, tmp_path / "1", tokenizer=graph_tokenizer, chat=chat)
     assert not (tmp_path / "1").exists()
+
+
+def test_generation_prompts_take_template_kwargs(tokenizer):
+    """`Chat.prompt_ids` (generation's prompts, `generate(messages=..., chat_template_kwargs=...)`) renders with the
+    template's keyword arguments: Qwen3 with thinking off prefills the empty <think> block, as transformers."""
+    from zoo.chat import Chat
+
+    data = fixture("qwen3")
+    (case,) = [c for c in data["cases"] if c["name"] == "enable_thinking_false_prompt"]
+    chat = Chat(stock_template(data), tokenizer)
+    assert chat.prompt_ids(case["messages"], **case["template_kwargs"]).tolist() == case["input_ids"]
+    assert chat.prompt_ids(case["messages"]).tolist() != case["input_ids"]
