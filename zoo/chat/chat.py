@@ -106,8 +106,10 @@ class Chat:
         self.template.save(folder)
 
     def prompt_ids(self, messages, tools=None, **template_kwargs) -> np.ndarray:
-        """The conversation rendered with the generation prompt, as int32 token ids."""
-        return self.encode(messages, tools, add_generation_prompt=True, **template_kwargs).ids
+        """The conversation rendered with the generation prompt, as int32 token ids (`encode`'s, without the
+        assistant spans generation does not need)."""
+        text = self.template.render(messages, add_generation_prompt=True, tools=tools, **template_kwargs)
+        return self.tokenizer.encode([text], [None])[0].ids
 
     def encode(self, messages, tools=None, add_generation_prompt=False, **template_kwargs) -> EncodedChat:
         """`encode_chat` with this chat's template and tokenizer."""
