@@ -156,7 +156,7 @@ def test_bad_rows_are_refused_with_their_number_and_the_fix(template, tokenizer,
     refused([{**good, "chosen": []}], "Row 1: chosen holds no message")
     refused([{**good, "rejected": [USER]}], r"Row 1: rejected's message 0 is 'user', not the assistant's.*prompt")
     refused([{**good, "prompt": []}], "Row 1: the prompt is empty")
-    refused([{**good, "prompt": [{"role": "user"}]}], "Row 1: Message 0 has no content", error=ChatTemplateError)
+    refused([{**good, "prompt": [{"content": "beep"}]}], "Row 1: Message 0 is not a", error=ChatTemplateError)
     refused([good], "Conversations need the checkpoint's chat template", error=ChatTemplateError, template=None)
     other = {"role": "user", "content": "What color is grass?"}
     refused([{"chosen": [USER, *answer("Blue.")], "rejected": [other, *answer("Green.")]}],

@@ -96,9 +96,9 @@ def test_bad_rows_are_refused_by_number_or_dropped_and_counted(tokenizer, tmp_pa
     with pytest.raises(ValueError, match="every row must have the first row's format"):
         sft_data.read_rows(write_jsonl(tmp_path / "b.jsonl", [good[0], {"text": "x"}]))
     template = template_of("qwen2.5")
-    no_content = [good[0], {"messages": [{"role": "user", "content": "beep"}, {"role": "assistant"}]}]
-    with pytest.raises(ChatTemplateError, match="Row 2: Message 1 has no content"):
-        sft_data.examples("messages", no_content, template, tokenizer, 128)
+    not_a_message = [good[0], {"messages": [{"role": "user", "content": "beep"}, "boop"]}]
+    with pytest.raises(ChatTemplateError, match="Row 2: Message 1 is not a {'role': ..., 'content': ...} dict"):
+        sft_data.examples("messages", not_a_message, template, tokenizer, 128)
     with pytest.raises(ValueError, match="Row 1: `tools` is a string that is not JSON"):
         sft_data.examples("messages", [{**good[0], "tools": "[{"}], template, tokenizer, 128)
     alternating = [{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}]

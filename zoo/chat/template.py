@@ -533,11 +533,6 @@ class _MarkedRender:
         return found[1] if found else last
 
 
-def _has_text(value) -> bool:
-    if isinstance(value, str):
-        return bool(value)
-    return isinstance(value, list) and any(isinstance(p, dict) and p.get("text") for p in value)
-
 def _has_generation_block(env, source: str) -> bool:
     """Whether the parsed template calls the generation tag (comments and strings that merely
     mention it do not count)."""
@@ -552,7 +547,8 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transforme
 def normalize_messages(messages) -> list[dict]:
     """The messages as transformers hands them to the template: keys whose value is None dropped (APIs write
     `"tool_calls": None`), and a `thinking` or `reasoning` field copied to `reasoning_content` (and
-    `thinking`), the name templates read. Roles are the template's business (Llama 3.1 reads `ipython`)."""
+    `thinking`), the name templates read. Roles and contents are the template's business (Llama 3.1 reads the
+    `ipython` role and mapping contents; an assistant message may carry `tool_calls` and no `content`)."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ChatTemplateError(f"A conversation is a non-empty list of messages, got {type(messages).__name__}.")
     out = []
@@ -560,15 +556,8 @@ def normalize_messages(messages) -> list[dict]:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ChatTemplateError(f"Message {i} is not a {{'role': ..., 'content': ...}} dict: {message!r:.80}.")
         message = {key: value for key, value in message.items() if value is not None}
-        content = message.get("content")
-        if "content" not in message and not message.get("tool_calls"):
-            raise ChatTemplateError(f"Message {i} has no content (nor tool_calls): {message!r:.80}.")
-        if content is not None and not isinstance(content, (str, list)):
-            raise ChatTemplateError(f"Message {i}'s content is a {type(content).__name__}; it must be text, or a "
-                                    "list of parts ({'type': 'text', 'text': ...}) as transformers takes.")
         reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
         if reasoning is not None:
             message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
         out.append(message)
     return out
-
