@@ -21,7 +21,7 @@ import keras
 
 from recipes import pretrained, runner
 from recipes import sft_data as data
-from zoo.chat import ChatTemplate, ChatTokenizer, encode_chat
+from zoo.chat import ChatTemplate, ChatTokenizer, EncodedChat
 from zoo.loading import TOKENIZER_DIR
 
 
@@ -60,14 +60,14 @@ def show_mask(recipe, data_path, row, out_dir="") -> str:
     kind, rows = data.read_rows(data_path)
     if not 1 <= row <= len(rows):
         raise ValueError(f"--show-mask {row}: {data_path} has rows 1 to {len(rows)}.")
-    if kind == "messages":
-        tools, kwargs = data.chat_arguments(rows[row - 1], recipe.chat_template_kwargs)
-        chat = encode_chat(template, tokenizer, rows[row - 1]["messages"], tools=tools, **kwargs)
-        return f"{chat.show_mask()}\n-- row {row}: {len(chat.ids)} tokens, {int(chat.mask.sum())} trained"
-    (example,), _ = data.examples(kind, rows, template, tokenizer, 10**9, recipe.loss_on, numbers=[row],
-                                  template_kwargs=recipe.chat_template_kwargs)
-    text = tokenizer.tokenizer.decode([int(i) for i in example.ids], skip_special_tokens=False)
-    return f"{text}\n-- row {row}: {len(example.ids)} tokens, {int(example.mask.sum())} trained"
+    data.examples(kind, rows, template, tokenizer, 10**9, recipe.loss_on, numbers=[row],  # refuses, by row, as a run
+                  template_kwargs=recipe.chat_template_kwargs)
+    eos = template.special_tokens.get("eos_token", "") if template is not None else ""
+    text, spans = data._text_and_spans(kind, rows[row - 1], template, eos, tokenizer.control_tokens,
+                                       recipe.chat_template_kwargs)
+    encoded, offsets = tokenizer.encode_with_offsets(text, None if recipe.loss_on == "all" else spans)
+    shown = EncodedChat(encoded.ids, encoded.mask, text, tuple(spans or ()), offsets)
+    return f"{shown.show_mask()}\n-- row {row}: {len(shown.ids)} tokens, {int(shown.mask.sum())} trained"
 
 
 def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_batches=8, callbacks=(),
