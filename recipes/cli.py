@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from zoo.checks import QUANTIZATION_MODES, ROUNDINGS, WEIGHTS_DTYPES
+from zoo.cli.generate import json_object
 from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS
 
 
@@ -80,6 +81,12 @@ def register(subparsers):
                    help="--recipe sft: the loss on assistant turns / completions only (default) or on every token")
     p.add_argument("--chat-template", metavar="FILE",
                    help="--recipe sft: a .jinja chat template instead of the checkpoint's own")
+    p.add_argument("--chat-template-kwargs", metavar="JSON", type=json_object,
+                   help="--recipe sft / dpo: the chat template's keyword arguments, e.g. "
+                   "'{\"enable_thinking\": false}' (a row's chat_template_kwargs override them)")
+    p.add_argument("--show-mask", type=int, metavar="ROW",
+                   help="--recipe sft: print row ROW (1-based) as the template renders it, the trained tokens between "
+                   "⟦ and ⟧, and exit")
     p.add_argument("--beta", type=float, help="--recipe dpo / simpo: DPO's beta (IPO's tau; default 0.1), SimPO's "
                    "(default 2.0)")
     p.add_argument("--loss-type", choices=("sigmoid", "ipo", "robust"), help="--recipe dpo: the DPO loss (TRL's names)")
@@ -113,8 +120,8 @@ def _train(args):
     fields = ("batch_size", "sequence_length", "accumulation_steps", "learning_rate", "warmup_steps", "log_every",
               "checkpoint_every", "vocabulary", "precision", "checkpointing", "optimizer", "fused", "fused_clip",
               "loss_chunk", "memory_budget", "weights_dtype", "rounding", "lora_rank", "lora_alpha", "lora_targets",
-              "quantize", "packing", "loss_on", "chat_template", "beta", "loss_type", "label_smoothing",
-              "simpo_gamma", "reference")
+              "quantize", "packing", "loss_on", "chat_template", "chat_template_kwargs", "beta", "loss_type",
+              "label_smoothing", "simpo_gamma", "reference")
     changes = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
     if args.override:
         changes["model_overrides"] = dict(_override(o) for o in args.override)
@@ -134,6 +141,11 @@ def _train(args):
         recipe = recipe.with_steps(args.steps)
     if args.show:
         print(json.dumps(recipe.to_dict(), indent=2))
+        return 0
+    if args.show_mask is not None:
+        from recipes.sft import show_mask
+
+        print(show_mask(recipe, args.data, args.show_mask, args.out_dir or ""))
         return 0
     out_dir = args.out_dir or f"runs/{args.model or Path(args.weights.rstrip('/')).name}"
     try:

@@ -54,7 +54,8 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
     numbers = range(1, len(rows) + 1)
     held = {n for n in numbers if validation_every and (n - 1) % validation_every == 0}
     train_pairs, report = data.pairs(kind, rows, template, tokenizer, recipe.sequence_length,
-                                     numbers=[n for n in numbers if n not in held])
+                                     numbers=[n for n in numbers if n not in held],
+                                     template_kwargs=recipe.chat_template_kwargs)
     for line in report.lines(recipe.sequence_length):
         print(line)
     if not train_pairs:
@@ -63,7 +64,7 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
     valid_pairs = []
     if held:
         valid_pairs, valid_report = data.pairs(kind, rows, template, tokenizer, recipe.sequence_length,
-                                               numbers=sorted(held))
+                                               numbers=sorted(held), template_kwargs=recipe.chat_template_kwargs)
         print("Validation: " + " ".join(valid_report.lines(recipe.sequence_length)))
 
     # 3. The run's folder: the tokenizer with the template beside it, run.json.

@@ -117,13 +117,15 @@ def _empty(answer) -> bool:
     return all(message.get("content") in ("", None, []) for message in answer)
 
 
-def _texts(prompt, chosen, rejected, template, eos):
-    """The prompt alone and prompt + each answer, as TRL renders them before tokenizing."""
+def _texts(prompt, chosen, rejected, template, eos, tools=None, template_kwargs=None):
+    """The prompt alone and prompt + each answer, as TRL renders them before tokenizing (with the row's `tools`
+    and template keyword arguments)."""
     if isinstance(prompt, str):
         chosen, rejected = (a if a.endswith(eos) else a + eos for a in (chosen, rejected))
         return prompt, prompt + chosen, prompt + rejected
-    return (template.render(prompt, add_generation_prompt=True), template.render(list(prompt) + list(chosen)),
-            template.render(list(prompt) + list(rejected)))
+    kw = dict(tools=tools, **(template_kwargs or {}))
+    return (template.render(prompt, add_generation_prompt=True, **kw),
+            template.render(list(prompt) + list(chosen), **kw), template.render(list(prompt) + list(rejected), **kw))
 
 
 def _common_prefix(a, b) -> int:
@@ -132,8 +134,8 @@ def _common_prefix(a, b) -> int:
     return int(differ[0]) if len(differ) else n
 
 
-def pairs(kind, rows, template, tokenizer, sequence_length, numbers=None, eos=None) -> tuple[list[Pair],
-                                                                                                sft_data.Report]:
+def pairs(kind, rows, template, tokenizer, sequence_length, numbers=None, eos=None,
+          template_kwargs=None) -> tuple[list[Pair], sft_data.Report]:
     """The rows as `Pair`s that fit `sequence_length` positions, and a `sft_data.Report` (unit "pair") of
     what was dropped.
 
@@ -144,6 +146,8 @@ def pairs(kind, rows, template, tokenizer, sequence_length, numbers=None, eos=No
         sequence_length: positions a sequence trains (n tokens are n - 1 positions).
         numbers: the 1-based numbers of the rows to take (default: all), as messages name them.
         eos: appended to plain answers that do not end with it (default: the template's eos_token).
+        template_kwargs: the template's keyword arguments (a row's `chat_template_kwargs` override them; its
+            `tools` reach the template too, as TRL passes them).
     """
     is_conversational = conversational(rows[0])  # the file's first row, so that every split agrees
     if is_conversational and template is None:
@@ -158,7 +162,8 @@ def pairs(kind, rows, template, tokenizer, sequence_length, numbers=None, eos=No
                 if _empty(answer):
                     raise ValueError(f"the {side} answer is empty; every pair needs two answers to compare (drop "
                                      "the row, or fill it in).")
-            texts += _texts(prompt, chosen, rejected, template, eos)
+            texts += _texts(prompt, chosen, rejected, template, eos,
+                            *sft_data.chat_arguments(rows[number - 1], template_kwargs))
         except ChatTemplateError as error:
             raise ChatTemplateError(f"Row {number}: {error}") from None
         except ValueError as error:

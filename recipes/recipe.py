@@ -71,6 +71,7 @@ class Recipe:
     loss_on: str = "assistant"  # "assistant": assistant turns / completions only; "all": every token
     packing: bool = False  # whole examples packed into each row, attention within each (best-fit decreasing)
     chat_template: str | None = None  # a .jinja file replacing the checkpoint's own template
+    chat_template_kwargs: dict | None = None  # the template's keyword arguments (enable_thinking, date_string, ...)
     # preference tuning (recipes.dpo): JSONL rows of prompt / chosen / rejected (recipes.dpo_data, zoo.preference)
     preference: str | None = None  # "dpo" or "simpo": a causal LM on preference pairs
     beta: float = 0.1  # DPO's beta (IPO's tau), SimPO's beta
@@ -153,8 +154,9 @@ class Recipe:
         elif self.supervised:
             check(self.task == "causal_lm", "Supervised fine-tuning trains a decoder (task causal_lm).")
         else:
-            check(not self.packing and self.chat_template is None and self.loss_on == "assistant",
-                  "packing, chat_template and loss_on belong to supervised fine-tuning: use recipe 'sft' "
+            check(not self.packing and self.chat_template is None and self.loss_on == "assistant"
+                  and self.chat_template_kwargs is None,
+                  "packing, chat_template(_kwargs) and loss_on belong to supervised fine-tuning: use recipe 'sft' "
                   "(--recipe sft); a causal LM over a corpus already fills every row.")
 
     # -------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import keras
 
 from recipes import pretrained, runner
 from recipes import sft_data as data
-from zoo.chat import ChatTemplate, ChatTokenizer
+from zoo.chat import ChatTemplate, ChatTokenizer, EncodedChat
 from zoo.loading import TOKENIZER_DIR
 
 
@@ -53,6 +53,23 @@ def save_chat(tokenizer, template, folder):
         template.save(folder)
 
 
+def show_mask(recipe, data_path, row, out_dir="") -> str:
+    """Row `row` (1-based) of `data_path` as the run will train it: the rendered text with the trained tokens
+    between ⟦ and ⟧, and the counts (`zoo train --recipe sft --show-mask ROW`)."""
+    tokenizer, template = tokenizer_and_template(recipe, out_dir)
+    kind, rows = data.read_rows(data_path)
+    if not 1 <= row <= len(rows):
+        raise ValueError(f"--show-mask {row}: {data_path} has rows 1 to {len(rows)}.")
+    data.examples(kind, rows, template, tokenizer, 10**9, recipe.loss_on, numbers=[row],  # refuses, by row, as a run
+                  template_kwargs=recipe.chat_template_kwargs)
+    eos = template.special_tokens.get("eos_token", "") if template is not None else ""
+    text, spans = data._text_and_spans(kind, rows[row - 1], template, eos, tokenizer.control_tokens,
+                                       recipe.chat_template_kwargs)
+    encoded, offsets = tokenizer.encode_with_offsets(text, None if recipe.loss_on == "all" else spans)
+    shown = EncodedChat(encoded.ids, encoded.mask, text, tuple(spans or ()), offsets)
+    return f"{shown.show_mask()}\n-- row {row}: {len(shown.ids)} tokens, {int(shown.mask.sum())} trained"
+
+
 def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_batches=8, callbacks=(),
         verbose="auto", hf_out=None, strategy=None, devices=None, merge=False, collective_timeout=None):
     """Fine-tune `recipe` (recipe "sft", `recipes.get("sft", weights=...)`) on the JSONL rows at
@@ -75,7 +92,8 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
     held = [n for n in numbers if validation_every and (n - 1) % validation_every == 0]
     kept = set(numbers) - set(held)
     train_examples, report = data.examples(kind, rows, template, tokenizer, recipe.sequence_length, recipe.loss_on,
-                                           numbers=[n for n in numbers if n in kept])
+                                           numbers=[n for n in numbers if n in kept],
+                                           template_kwargs=recipe.chat_template_kwargs)
     for line in report.lines(recipe.sequence_length):
         print(line)
     if not train_examples:
@@ -84,7 +102,8 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
     valid_examples = None
     if held:
         valid_examples, valid_report = data.examples(kind, rows, template, tokenizer, recipe.sequence_length,
-                                                     recipe.loss_on, numbers=held)
+                                                     recipe.loss_on, numbers=held,
+                                                     template_kwargs=recipe.chat_template_kwargs)
         print("Validation: " + " ".join(valid_report.lines(recipe.sequence_length)))
     stats = data.statistics(train_examples, recipe)
     print(f"{'Packed' if recipe.packing else 'Padded'} rows of {recipe.sequence_length}: {stats['rows']} an epoch, "

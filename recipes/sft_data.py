@@ -6,7 +6,9 @@ Row formats (the first row decides; every row must have the same):
   {"prompt": ..., "completion": ...}                  plain strings, or lists of messages: loss on
                                                       the completion
   {"text": "..."}                                      plain text: loss on every token
-Conversations are rendered by the checkpoint's own chat template (zoo.chat); plain prompt,
+Conversation rows may carry TRL's `tools` and `chat_template_kwargs` columns, which reach the template as
+transformers passes them. Conversations are rendered by the checkpoint's own chat template, the assistant turns
+found as `zoo.chat.encode_chat` finds them (its `show_mask` draws one row); plain prompt,
 completion and text rows end with the end-of-sequence token, as TRL appends it. `loss_on="all"`
 takes the loss on every token of every format.
 
@@ -114,21 +116,39 @@ def format_of(row, path, number, formats=FORMATS, described=DESCRIBED) -> str:
                      f"({described}).")
 
 
-def _text_and_spans(kind, row, template, eos):
+def chat_arguments(row, template_kwargs=None) -> tuple[list | None, dict]:
+    """(tools, template keyword arguments) of one row, as TRL reads them: its `tools` column (a list of JSON
+    schemas, or that list as a JSON string) and its `chat_template_kwargs` over the run's."""
+    tools = row.get("tools")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"`tools` is a string that is not JSON ({error.msg}); give the list of tool schemas.") \
+                from None
+    kwargs = row.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict) or not (tools is None or isinstance(tools, list)):
+        raise ValueError("`chat_template_kwargs` must be an object and `tools` a list of JSON schemas (TRL's columns).")
+    return tools, {**(template_kwargs or {}), **kwargs}
+
+
+def _text_and_spans(kind, row, template, eos, control_tokens=(), template_kwargs=None):
     """(text, the character spans trained on) of one row, None spans meaning every token."""
-    if kind == "messages":
-        return template.render_with_spans(row["messages"])
     if kind == "text":
         return str(row["text"]) + eos, None
+    tools, kwargs = chat_arguments(row, template_kwargs)
+    if kind == "messages":
+        return template.render_with_spans(row["messages"], tools=tools, control_tokens=control_tokens, **kwargs)
     prompt, completion = row["prompt"], row["completion"]
     if isinstance(prompt, list) or isinstance(completion, list):  # rendering checks the messages
-        return template.prompt_and_completion(prompt, completion)
+        return template.prompt_and_completion(prompt, completion, tools=tools, control_tokens=control_tokens,
+                                              **kwargs)
     text = str(prompt) + str(completion) + eos
     return text, [(len(str(prompt)), len(text))]
 
 
 def examples(kind, rows, template, tokenizer, sequence_length, loss_on="assistant", eos=None,
-             numbers=None) -> tuple[list, Report]:
+             numbers=None, template_kwargs=None) -> tuple[list, Report]:
     """The rows as `zoo.chat.Encoded` examples that fit `sequence_length` positions and train on
     at least one token, and a `Report` of what was dropped.
 
@@ -140,6 +160,8 @@ def examples(kind, rows, template, tokenizer, sequence_length, loss_on="assistan
         loss_on: "assistant" (assistant turns, completions) or "all".
         eos: appended to plain text and completions (default: the template's eos_token).
         numbers: the 1-based numbers of the rows to take (default: all), as messages name them.
+        template_kwargs: the template's keyword arguments for every row (a row's `chat_template_kwargs`
+            override them); a row's `tools` go to the template too.
     """
     if loss_on not in LOSS_ON:
         raise ValueError(f"Unknown loss_on {loss_on!r}; known: {', '.join(LOSS_ON)}.")
@@ -150,9 +172,12 @@ def examples(kind, rows, template, tokenizer, sequence_length, loss_on="assistan
     texts, spans_of = [], []
     for number in numbers:
         try:
-            text, spans_i = _text_and_spans(kind, rows[number - 1], template, eos)
+            text, spans_i = _text_and_spans(kind, rows[number - 1], template, eos, tokenizer.control_tokens,
+                                            template_kwargs)
         except ChatTemplateError as error:
             raise ChatTemplateError(f"Row {number}: {error}") from None
+        except ValueError as error:
+            raise ValueError(f"Row {number}: {error}") from None
         texts.append(text)
         spans_of.append(spans_i)
     if loss_on == "all":

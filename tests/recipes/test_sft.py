@@ -96,9 +96,11 @@ def test_bad_rows_are_refused_by_number_or_dropped_and_counted(tokenizer, tmp_pa
     with pytest.raises(ValueError, match="every row must have the first row's format"):
         sft_data.read_rows(write_jsonl(tmp_path / "b.jsonl", [good[0], {"text": "x"}]))
     template = template_of("qwen2.5")
-    bad_role = [good[0], {"messages": [{"role": "robot", "content": "beep"}]}]
-    with pytest.raises(ChatTemplateError, match="Row 2: .*unknown role 'robot'"):
-        sft_data.examples("messages", bad_role, template, tokenizer, 128)
+    not_a_message = [good[0], {"messages": [{"role": "user", "content": "beep"}, "boop"]}]
+    with pytest.raises(ChatTemplateError, match="Row 2: Message 1 is not a {'role': ..., 'content': ...} dict"):
+        sft_data.examples("messages", not_a_message, template, tokenizer, 128)
+    with pytest.raises(ValueError, match="Row 1: `tools` is a string that is not JSON"):
+        sft_data.examples("messages", [{**good[0], "tools": "[{"}], template, tokenizer, 128)
     alternating = [{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}]
     with pytest.raises(ChatTemplateError, match="Row 1: .*refused the conversation: Conversation roles must alternate"):
         sft_data.examples("messages", alternating, template_of("gemma"), tokenizer, 128)
@@ -131,6 +133,23 @@ def test_an_answer_that_starts_the_row_cannot_train_its_first_token(tokenizer):
         report.lines(128))
     _, text = sft_data.examples("text", [{"text": "Yes."}], template, tokenizer, 128)
     assert text.untrained_first_token == 0 and "first answer token" not in " ".join(text.lines(128))
+
+
+@pytest.mark.parametrize("name, case", [("qwen2.5-instruct", "tool_call_no_content"),
+                                        ("qwen3", "enable_thinking_false"), ("llama3.1-8b-instruct", "date_string")])
+def test_rows_carry_tools_and_template_kwargs_as_trl_reads_them(name, case):
+    """TRL's `tools` (a list, or a JSON string) and `chat_template_kwargs` columns reach the stock template:
+    ids and mask equal transformers' (tests/fixtures/chat/stock)."""
+    stock = FIXTURES / "stock"
+    data = json.loads((stock / f"{name}.json").read_text(encoding="utf-8"))
+    (case,) = [c for c in data["cases"] if c["name"] == case]
+    template = ChatTemplate((stock / data["template_file"]).read_text(encoding="utf-8"), data["special_tokens"])
+    row = {"messages": case["messages"], "chat_template_kwargs": case["template_kwargs"]}
+    if case["tools"]:
+        row["tools"] = json.dumps(case["tools"])
+    (example,), _ = sft_data.examples("messages", [row], template, ChatTokenizer.from_folder(stock), 4096)
+    assert example.ids.tolist() == case["input_ids"]
+    assert example.mask.tolist() == case["assistant_masks"]
 
 
 def test_packed_rows_hold_each_example_once_and_never_predict_across_them(tokenizer):
@@ -245,3 +264,20 @@ def test_generation_stops_at_the_templates_end_of_turn(name, ends, tokenizer):
     messages = [{"role": "user", "content": "Hi"}]
     text = chat.template.render(messages, add_generation_prompt=True)
     assert chat.tokenizer.tokenizer.decode(chat.prompt_ids(messages).tolist(), skip_special_tokens=False) == text
+
+
+def test_show_mask_prints_a_row_as_it_trains(checkpoint, tmp_path, capsys):
+    """`zoo train --recipe sft --show-mask ROW` (with the run's template kwargs) draws what a row trains."""
+    from zoo.cli import main
+
+    path = write_jsonl(tmp_path / "chat.jsonl", conversations(2))
+    code = main(["train", "--recipe", "sft", "--weights", str(checkpoint), "--data", str(path), "--show-mask", "2",
+                 "--chat-template-kwargs", '{"enable_thinking": false}'])
+    out = capsys.readouterr().out
+    answer = conversations(2)[1]["messages"][1]["content"]
+    assert code in (0, None) and f"<|im_start|>assistant\n⟦{answer}<|im_end|>⟧\n" in out
+    assert "-- row 2:" in out and "trained" in out
+    with pytest.raises(SystemExit):  # argparse's usage error
+        main(["train", "--recipe", "sft", "--weights", str(checkpoint), "--data", str(path), "--show-mask", "1",
+              "--chat-template-kwargs", "[1]"])
+    assert "--chat-template-kwargs: takes a JSON object" in capsys.readouterr().err

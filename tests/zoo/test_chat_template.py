@@ -2,8 +2,9 @@
 `apply_chat_template` computed (tests/fixtures/chat, made by tools/make_chat_fixtures.py).
 
 For each template the masks are checked twice: through the template as the checkpoint ships it
-(no generation tags: zoo finds the spans by rendering prefixes) and through its tagged twin
-(zoo reads the `{% generation %}` spans), both against transformers' masks from the tagged one.
+(no generation tags: zoo finds the spans with markers) and through its tagged twin (zoo reads the
+`{% generation %}` spans), both against transformers' masks from the tagged one. The stock templates of
+twelve checkpoints are checked in test_chat_stock.py.
 """
 
 import json
@@ -41,9 +42,9 @@ def check_template(data, tokenizer, template_source, tagged):
     checked = 0
     for case in data["cases"]:
         if UNSUPPORTED & set(case) or (not tagged and "tools" in case):
-            # A tool-call turn of Qwen's template starts "<|im_start|>assistant" + "\n<tool_call>": its tagged
-            # twin trains the "\n", which prefix rendering leaves in the generation prompt, where generation
-            # starts. Both are choices about text the untagged template does not mark; the tags are checked.
+            # A tool-call turn of Qwen's template starts "<|im_start|>assistant" + "\n<tool_call>": this file's
+            # tagged twin trains the "\n", which zoo's spans leave in the generation prompt, where generation
+            # starts (test_chat_stock.py's twins agree with zoo). The tags are checked.
             continue
         messages, prompt = case["messages"], case["add_generation_prompt"]
         text, found = template.render_with_spans(messages, prompt, tools=case.get("tools"))
@@ -51,7 +52,7 @@ def check_template(data, tokenizer, template_source, tagged):
         (encoded,) = tokenizer.encode([text], [found])
         assert encoded.ids.tolist() == case["input_ids"], case["name"]
         if "assistant_masks" in case:
-            if tagged:  # the generation tag's own spans; prefixes find the same tokens, not always the same spans
+            if tagged:  # the generation tag's own spans; markers find the same tokens, not always the same spans
                 assert [list(s) for s in found] == case["assistant_spans"], case["name"]
             np.testing.assert_array_equal(encoded.mask, case["assistant_masks"], err_msg=case["name"])
             checked += 1
@@ -59,13 +60,13 @@ def check_template(data, tokenizer, template_source, tagged):
 
 
 @pytest.mark.parametrize("name", SMALL)
-@pytest.mark.parametrize("tagged", [False, True], ids=["prefixes", "generation-tags"])
+@pytest.mark.parametrize("tagged", [False, True], ids=["markers", "generation-tags"])
 def test_ids_and_masks_equal_transformers(name, tagged, small_tokenizer):
     data = fixture(name)
     check_template(data, small_tokenizer, data["template_with_generation" if tagged else "template"], tagged)
 
 
-@pytest.mark.parametrize("tagged", [False, True], ids=["prefixes", "generation-tags"])
+@pytest.mark.parametrize("tagged", [False, True], ids=["markers", "generation-tags"])
 def test_smollm2_from_its_gguf_equals_transformers(tagged, smollm2):
     tokenizer, folder, gguf_path = smollm2
     data = fixture("smollm2")
@@ -92,22 +93,51 @@ def test_a_folder_without_a_template_is_refused_with_the_fix(tmp_path):
 
 def test_bad_messages_are_refused_by_position():
     template = ChatTemplate(fixture("qwen2.5")["template"])
-    with pytest.raises(ChatTemplateError, match="unknown role 'bot'"):
-        template.render([{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}])
     with pytest.raises(ChatTemplateError, match="Message 0 is not"):
         template.render([{"text": "hi"}])
+    with pytest.raises(ChatTemplateError, match="Message 1 is not"):
+        template.render([{"role": "user", "content": "hi"}, "yo"])
+    # what the template itself cannot take is its refusal, as in transformers
+    with pytest.raises(ChatTemplateError, match="refused the conversation: .*content"):
+        template.render([{"role": "user", "content": "hi"}, {"role": "assistant"}])
     with pytest.raises(ChatTemplateError, match="does not compile"):
         ChatTemplate("{% for m in messages %}")
 
 
-def test_a_template_that_rewrites_earlier_turns_needs_generation_tags():
-    """Prefix rendering only works where each turn adds to the text before it (Qwen3's template
-    drops past reasoning, so it does not): such a template is refused with the fix."""
-    rewriting = "{% for m in messages %}{{ m.role if loop.last else m.role | upper }}: {{ m.content }}\n{% endfor %}"
-    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
-    with pytest.raises(ChatTemplateError, match="generation"):
-        ChatTemplate(rewriting).render_with_spans(messages)
+def test_a_template_that_garbles_the_text_is_refused_not_guessed():
+    """A template that turns the answers around leaves no marker to find them by: refused, naming the message."""
+    cutting = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | reverse if m.role == 'assistant' "
+               "else m.content }}<|im_end|>\n{% endfor %}")
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "a long answer"}]
+    with pytest.raises(ChatTemplateError, match=r"message 1 \('a long answer'\) beyond recognition.*markers"):
+        ChatTemplate(cutting).render_with_spans(messages)
+
+
+def test_a_template_that_upper_cases_the_answer_still_has_its_turn_found():
+    """Markers are private-use characters and digits, which `upper` leaves alone: the turn is found, and what
+    is trained is the text the template renders."""
+    shouting = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | upper if m.role == 'assistant' "
+                "else m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                "{% endif %}")
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "a long answer"}]
+    text, spans = ChatTemplate(shouting).render_with_spans(messages, control_tokens=["<|im_start|>", "<|im_end|>"])
+    assert [text[a:b] for a, b in spans] == ["A LONG ANSWER<|im_end|>"]
+
+
+def test_none_valued_keys_and_reasoning_aliases_as_transformers():
+    """transformers drops None-valued keys ("tool_calls": None) and reads `thinking` / `reasoning` as
+    `reasoning_content`."""
+    template = ChatTemplate("{% for m in messages %}{{ m.role }}:{{ m.reasoning_content | default('-') }}:"
+                            "{{ m.tool_calls is defined }}:{{ m.content }};{% endfor %}")
+    text = template.render([{"role": "user", "content": "q", "tool_calls": None},
+                            {"role": "assistant", "content": "a", "thinking": "t"},
+                            {"role": "assistant", "content": "b", "reasoning": "r"}])
+    assert text == "user:-:False:q;assistant:t:False:a;assistant:r:False:b;"
+
+
+def test_template_keyword_arguments_reach_the_template():
+    template = ChatTemplate("{{ greeting }} {{ messages[0].content }}{% if add_generation_prompt %}!{% endif %}")
+    assert template.render([{"role": "user", "content": "you"}], True, greeting="hello") == "hello you!"
 
 
 def test_saved_template_reads_back(tmp_path):

@@ -11,6 +11,7 @@ whitespace differently from `tokenizers`: "\\n Grüße" becomes "\\n " + "Grüß
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,19 @@ class ChatTokenizer:
 
     def token_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
+
+    @functools.cached_property
+    def control_tokens(self) -> tuple[str, ...]:
+        """The special added tokens (<|im_end|>, <|eot_id|>, [/INST], ...): what tells a template's turns apart."""
+        return tuple(t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special)
+
+    def encode_with_offsets(self, text, spans) -> tuple[Encoded, np.ndarray]:
+        """One text as ids and mask (spans None: every token), and each token's [start, end) characters."""
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = np.asarray(encoding.ids, np.int32)
+        offsets = np.asarray(encoding.offsets, np.int64).reshape(-1, 2)
+        mask = np.ones(len(ids), np.int8) if spans is None else mask_from_offsets(offsets, spans, len(ids))
+        return Encoded(ids, mask), offsets
 
     def encode(self, texts, spans_per_text) -> list[Encoded]:
         """Each text and its trained character spans as ids and a mask; spans None: every token."""

@@ -1,6 +1,7 @@
 """`zoo generate MODEL "prompt" ...`: continue prompts, streaming the tokens as they come;
 `zoo generate --tflite FILE --tokenizer FOLDER "prompt" ...`: greedy, with a prefill/decode .tflite file."""
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -62,6 +63,17 @@ def _print_stream(tokens, decode):
     print()
 
 
+def json_object(text):
+    """argparse type of --chat-template-kwargs: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"takes a JSON object, got {text!r} ({error.msg}).") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"takes a JSON object (e.g. '{{\"enable_thinking\": false}}'), got {text!r}.")
+    return value
+
+
 def _chat(args, options):
     """`--chat QUESTION`: the question (after --system, if given) through the checkpoint's chat template,
     the answer streamed up to its end-of-turn token."""
@@ -79,7 +91,7 @@ def _chat(args, options):
     if unknown:
         raise ValueError(f"--stop token(s) {unknown} are not in the tokenizer's vocabulary.")
     options["stop_token_ids"] = chat.stop_ids + list(extra.values())
-    ids = chat.prompt_ids(messages)
+    ids = chat.prompt_ids(messages, **(args.chat_template_kwargs or {}))
     _print_stream(stream(model, ids, args.max_new_tokens, **options), chat.decode)
     return 0
 
@@ -138,6 +150,8 @@ def register(subparsers):
                    help="answer QUESTION through the checkpoint's chat template, stopping at its end-of-turn token")
     p.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
     p.add_argument("--chat-template", metavar="FILE", help="with --chat: a .jinja template instead of the folder's")
+    p.add_argument("--chat-template-kwargs", metavar="JSON", type=json_object,
+                   help="with --chat: the template's keyword arguments, e.g. '{\"enable_thinking\": false}'")
     p.add_argument("--batch", action="store_true",
                    help="generate all prompts in one batch and print a JSON line instead of streaming")
     p.set_defaults(func=_generate)

@@ -37,7 +37,9 @@ def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=Fal
             Default: for decoder language models.
         chat: a `zoo.chat.Chat` (default: the model's `chat`, attached by zoo.load): its template
             and tokenizer.json are written into `assets.extra/`, so that a serving client renders
-            conversations as the model was trained to read them.
+            conversations as the model was trained to read them. With a `tokenizer` too, the
+            export is refused where the graph's tokenizer splits the chat's conversations unlike
+            tokenizer.json (`Chat.serving_mismatch`).
 
     Returns:
         `path`, written atomically (an earlier export survives a failed one).
@@ -46,6 +48,14 @@ def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=Fal
     >>> model = zoo.get("enc-base", task="classifier", num_classes=3)
     >>> export.saved_model(model, "exports/enc-base/1", sequence_length=128)
     """
+    chat = chat if chat is not None else getattr(model, "chat", None)
+    if chat is not None and tokenizer is not None:
+        mismatch = chat.serving_mismatch(lambda text: tokenizer(text))
+        if mismatch:
+            raise ValueError(
+                "The text signatures would tokenize conversations unlike the chat model was trained (Hugging Face "
+                f"`tokenizers` on its tokenizer.json): {mismatch}. Export without tokenizer=: the token-id signatures, "
+                f"with the template and tokenizer.json in {CHAT_DIR}/ for the client to tokenize with.")
     serving = serving_model(model)
     length = exported_length(model, sequence_length)
     generate = model.task == "causal_lm" if generate is None else generate
@@ -74,7 +84,6 @@ def saved_model(model, path, sequence_length=None, tokenizer=None, overwrite=Fal
         archive.add_endpoint(TEXT_SIGNATURE, serve_text, input_signature=[text_spec])
     if generate:
         generate_signatures.add_signatures(archive, model, tokenizer)
-    chat = chat if chat is not None else getattr(model, "chat", None)
     with atomic_path(path, overwrite) as tmp:
         archive.write_out(str(tmp), verbose=False)
         if chat is not None:

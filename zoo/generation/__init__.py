@@ -91,7 +91,8 @@ def _check_length(model, longest, max_new_tokens):
 
 
 def generate(model, prompt=None, max_new_tokens=32, sampler="greedy", seed=None, tokenizer=None, use_cache=True,
-             stop_token_ids=None, compile=True, jit_compile=False, messages=None, chat=None, **sampler_args):
+             stop_token_ids=None, compile=True, jit_compile=False, messages=None, chat=None, chat_template_kwargs=None,
+             **sampler_args):
     """Continue each prompt by `max_new_tokens` tokens, or answer a conversation (`messages=`).
 
     Prompts of different lengths are batched as keras-hub does: right-padded in one
@@ -117,6 +118,7 @@ def generate(model, prompt=None, max_new_tokens=32, sampler="greedy", seed=None,
             and its answer stops at the template's end-of-turn token (or eos).
         chat: for `messages`, a `zoo.chat.Chat` (default: the model's `chat`, which zoo.load and
             zoo.hub.load attach when the checkpoint has a chat template).
+        chat_template_kwargs: for `messages`, the template's keyword arguments (`{"enable_thinking": False}`).
 
     Returns:
         The full text(s) for text prompts; the answer(s) for `messages`, without the end-of-turn
@@ -129,7 +131,7 @@ def generate(model, prompt=None, max_new_tokens=32, sampler="greedy", seed=None,
     """
     if messages is not None:
         return _answer(model, prompt, messages, chat, max_new_tokens, stop_token_ids,
-                       (sampler, seed, use_cache, compile, jit_compile, sampler_args))
+                       (sampler, seed, use_cache, compile, jit_compile, sampler_args), chat_template_kwargs or {})
     if prompt is None:
         raise ValueError("generate() needs a prompt (text or token ids), or messages= (a conversation).")
     _check_decoder(model)
@@ -166,7 +168,7 @@ def _generate_ids(model, rows, max_new_tokens, sampler, seed, use_cache, stop_to
                                            tf.constant(list(stop_token_ids or ()), tf.int32)))
 
 
-def _answer(model, prompt, messages, chat, max_new_tokens, stop_token_ids, options):
+def _answer(model, prompt, messages, chat, max_new_tokens, stop_token_ids, options, template_kwargs):
     """`generate(messages=...)`: the conversations' prompts through the chat template, the answers
     decoded up to their end-of-turn token."""
     if prompt is not None:
@@ -179,7 +181,7 @@ def _answer(model, prompt, messages, chat, max_new_tokens, stop_token_ids, optio
     _check_decoder(model)
     one = bool(messages) and isinstance(messages[0], dict)
     conversations = [messages] if one else list(messages)
-    rows = [chat.prompt_ids(m) for m in conversations]
+    rows = [chat.prompt_ids(m, **template_kwargs) for m in conversations]
     stops = list(chat.stop_ids) + [int(t) for t in stop_token_ids or ()]
     sampler, seed, use_cache, compile, jit_compile, sampler_args = options
     out, ends = _generate_ids(model, rows, max_new_tokens, sampler, seed, use_cache, stops, compile, jit_compile,
