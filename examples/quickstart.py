@@ -11,6 +11,7 @@ which measure that is (TensorFlow's allocator, or the process's peak RSS where T
 """
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -69,6 +70,7 @@ def main():
           f"({recipe.spec.num_params() / 1e6:.1f}M parameters), checkpointing='full', float32, "
           f"batch {args.batch_size} x {args.sequence_length} tokens")
     print(f"planned peak memory of training (zoo.memory.estimate): {plan.total / 2**30:.2f} GiB")
+    print(f"loss of a uniform guess over {SHAPE['vocab_size']:,} tokens: {math.log(SHAPE['vocab_size']):.2f}")
 
     class PrintLoss(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):  # an "epoch" of the recipe's fit is log_every steps

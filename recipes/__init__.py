@@ -11,6 +11,7 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+import zoo  # noqa: F401  (before anything imports TensorFlow: its loading lines silenced, zoo.verbosity)
 from recipes.evaluate import Evaluation, evaluate
 from recipes.optim import WarmupDecay, optimizer, schedule
 from recipes.recipe import Recipe, get, names, register
