@@ -55,7 +55,8 @@ def main():
     began = time.perf_counter()
     import zoo  # first: it silences TensorFlow's loading lines (zoo.verbosity)
 
-    zoo.verbosity.check()
+    if zoo.verbosity.problem():  # a bad $ZOO_VERBOSE: the choices, no traceback
+        sys.exit(f"quickstart: error: {zoo.verbosity.problem()}")
     import keras
 
     import recipes
