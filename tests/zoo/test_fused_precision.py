@@ -1,5 +1,7 @@
-"""The fused update under mixed precision (the same steps as `fit` under the same policy;
-a non-finite float16 step changes no weight) and its memory (less than `full` alone)."""
+"""The traced fused update: the same steps as traced `fit` (float32, and bitwise under mixed_bfloat16),
+a non-finite float16 step changes no weight, and its memory (less than `full` alone, flat in depth,
+no layer-sized constants kept). The equality checks ride on the memory tests' traced models: tracing
+is most of a test's time here."""
 
 import keras
 import numpy as np
