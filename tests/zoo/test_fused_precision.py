@@ -36,64 +36,63 @@ VOCAB_BIG = 16000  # [4, 256, 16000] float32 logits: 62.5 MiB
 
 
 def step_peak(fused, loss_chunk, num_layers=2, hidden_dim=128, vocab_size=VOCAB_BIG, batch=4, seq=256,
-              precision="float32", repeats=None, dropout=0.0, optimizer=None):
-    """(allocator peak of a compiled training step (tests.common.allocator_peak), the model). The fused step
-    waits for each block's turn, so under one inter-op thread (tests/conftest.py) every call peaks the same: two
-    calls do. Keras' step still moves by ~10% from call to call: the least of five unless `repeats` says."""
+              precision="float32", clip=None, tied=True):
+    """(allocator peak of a compiled training step, the model) after three steps on one batch: AdamW with the
+    schedule and weight decay of tests/zoo/test_fused.py, dropout 0.1. The peak is the least of the last two calls
+    (tests.common.allocator_peak): the fused step waits for each block's turn, so under one inter-op thread
+    (tests/conftest.py) its calls peak the same; Keras' step moves by ~10% from call to call, which only makes
+    `full` higher than its least, never the fused step's ratio look worse."""
     keras.utils.set_random_seed(0)
     model = zoo.get("dec-base", checkpointing="full", task="causal_lm", num_layers=num_layers, hidden_dim=hidden_dim,
                     num_heads=4, num_kv_heads=2, intermediate_dim=4 * hidden_dim, vocab_size=vocab_size,
-                    dtype=precision, dropout=dropout)
+                    dtype=precision, dropout=0.1, tie_embeddings=tied)
     model.set_loss_chunk(loss_chunk)
     if fused:
         model.set_fused_update(True)
-    model.compile(optimizer=optimizer(model) if optimizer else AdamW(1e-3, global_clipnorm=1.0),
+    model.compile(optimizer=scheduled_adamw(model, clip=clip),
                   loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, jit_compile=False)
     ids = np.random.default_rng(0).integers(0, vocab_size, (batch, seq + 1)).astype("int32")
     x, y = {"token_ids": ids[:, :-1], "padding_mask": np.ones((batch, seq), "int32")}, ids[:, 1:]
-    return allocator_peak(lambda: model.train_on_batch(x, y), repeats=repeats or (2 if fused else 5)), model
+    return allocator_peak(lambda: model.train_on_batch(x, y), repeats=2), model
 
 
 @pytest.mark.memory
 def test_fused_and_chunked_step_equals_fit_and_holds_less_than_full_alone():
-    """Traced, logits-heavy: [4, 256, 16000] float32 logits are 62.5 MiB (the 2 blocks' weights 1.9 MiB). The fused
-    step with the chunked loss against Keras' own step on the whole logits, both traced (the witness that the traced
-    fused step, its norm pass's `cond` and its ordering, computes what the eager comparisons in
-    tests/zoo/test_fused.py check), three steps each (dropout, schedule, weight decay, the clip of 0.05 against a
-    first-step norm of 0.72): the
-    same weights, and a lower peak. Keras' peak is the least of two calls, not five: a higher `full` can only
-    make the fused step's ratio look better by Keras' ~10% call-to-call spread, far inside the margin."""
-    run = dict(dropout=0.1, optimizer=lambda model: scheduled_adamw(model, clip=CLIP), repeats=2)
-    full, reference = step_peak(fused=False, loss_chunk=0, **run)
-    lean, model = step_peak(fused=True, loss_chunk=32, **run)
+    """Traced, logits-heavy: [4, 256, 16000] float32 logits are 62.5 MiB (the 2 blocks' weights 1.9 MiB); tied
+    embedding, no clip (the update pass alone, no norm pass). The fused step with the chunked loss against Keras'
+    own step on the whole logits, both traced: the same weights after three steps (the witness that the traced
+    fused step computes what the eager comparisons in tests/zoo/test_fused.py check), and a lower peak."""
+    full, reference = step_peak(fused=False, loss_chunk=0)
+    lean, model = step_peak(fused=True, loss_chunk=32)
     assert_same_weights(model, reference, 1e-6)
-    # Keras holds the whole logits (62.5 MiB) and their gradient beside every weight's gradient (head and embedding
-    # 7.8 MiB each); the fused step holds a few [4, 32, 16000] chunks (7.8 MiB each) and the head's and embedding's
-    # gradients: expected ~0.4; measured 0.37-0.41 with oneDNN, 0.50 without (the allocator rounds chunks), so 0.75
-    # leaves 1.5x.
+    # Keras holds the whole logits (62.5 MiB) and their gradient beside the tied embedding's gradient (7.8 MiB); the
+    # fused step a few [4, 32, 16000] float32 chunks (7.8 MiB each), the embedding's gradient summed over both uses
+    # and its update's temporaries (~6 x 7.8 MiB): expected ~0.5; measured 0.45-0.55 with oneDNN on and off (0.37-0.50
+    # with a global clip), so 0.75 leaves 1.36x.
     assert lean < 0.75 * full, (lean, full)
 
 
 @pytest.mark.memory
 def test_fused_bfloat16_equals_fit_and_does_not_grow_with_depth():
     """Traced, mixed_bfloat16, weights-heavy shape (activations are ~0.1% of a block's weights).
-    1. At 2 layers the fused step's weights after three steps (dropout, schedule, weight decay, the clip of
-    0.05 against a first-step norm of 6.7) are bitwise equal to traced `fit`'s (its step with the chunked
-    loss); bfloat16 rounding shows any difference of order. (The encoder's differ by ~3e-3 relative after
-    3 steps, from the order in which the masked-LM head's gathered gradient is summed: docs/design-notes.md.)
+    1. At 2 layers the fused step's weights after three steps (untied; dropout, schedule, weight decay, the
+    clip of 0.05 against a first-step norm of 6.7, so the norm pass and its `cond`) are bitwise equal to traced
+    `fit`'s (its step with the chunked loss); bfloat16 rounding shows any difference of order. (The encoder's
+    differ by ~3e-3 relative after 3 steps, from the order in which the masked-LM head's gathered gradient is
+    summed: docs/design-notes.md.)
     2. Going from 2 to 4 layers, the fused step adds far less than one block's float32 weights, where Keras'
     step adds each block's gradients (a global clip holds them all at once: docs/design-notes.md). (Before
     each replay and update waited for its turn, TF's executor made every block's bfloat16 weight casts and
     weight-decay products at the start of the step: at dec-1b that held 0.17 GiB per layer.)"""
     shape = dict(hidden_dim=256, vocab_size=64, batch=2, seq=16, precision="mixed_bfloat16", loss_chunk=None,
-                 dropout=0.1, optimizer=lambda model: scheduled_adamw(model, clip=CLIP), repeats=2)
+                 clip=CLIP, tied=False)
     block_bytes = 4 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 1024)  # q, o; k, v (2 of 4 heads); gated ffn
     _, reference = step_peak(False, num_layers=2, **shape)
     shallow, model = step_peak(True, num_layers=2, **shape)
     assert_same_weights(model, reference, 1e-6)
     grown = step_peak(True, num_layers=4, **shape)[0] - shallow
     # the measurement sees gradients: one block's float32 gradients (3.9 MB) exist at once in the step, beside
-    # its update's temporaries (measured 5.5-5.9 MB with oneDNN on and off)
+    # its update's temporaries (measured 5.5-6.2 MB with oneDNN on and off)
     assert shallow > block_bytes, (shallow, block_bytes)
     # expected ~0: two more saved block inputs and dropout masks, ~35 KB; measured -0.65 to 0.70 MB with oneDNN on
     # and off (the allocator's rounding), so half a block (1.97 MB) leaves 2.8x; before 45bcd90 the early casts
