@@ -3,7 +3,7 @@ and the environment. It runs the same on a CPU and a GPU, keeps going past a par
 table and a JSON file (docs/benchmarks.md: Device check).
 
     python benchmarks/device_check.py --out device_check.json      # everything (GPU: nothing starts after --budget 480)
-    python benchmarks/device_check.py --quick                       # tiny shapes, no XLA part (CI: ~30-45 s of CPU)
+    python benchmarks/device_check.py --quick                       # tiny shapes, no XLA part (CI: ~20-30 s of CPU)
     python benchmarks/device_check.py --parts exact,placement       # some parts (names or their group before ':')
     python benchmarks/device_check.py --parts speed:dec-1b-fused    # a part the CPU skips unless it is asked for
 
@@ -16,7 +16,8 @@ Parts (each a small function; the runner records its name, ok/failed/skipped, se
 - `exact:*`: the project's own exactness checks, each tiny, run on whatever device TensorFlow places them on:
   a subset of the gradient matrix (tests/zoo/test_recompute.py: `full` and `selective` against plain `none`,
   dropout 0.1, padding masked, under tf.function and XLA, and mixed_bfloat16), held masks equal redrawn ones,
-  the fused update equals `fit`, LoRA on an int4 base, the chunked loss equals the whole logits' loss.
+  the fused update equals `fit`, LoRA on an int4 base, the chunked loss equals the whole logits' loss (--quick runs
+  the gradient subset and the held masks; the last three it only looks up, as CI runs them in their own files).
 - `placement:*`: a `full` step and a fused step (a tiny decoder, mixed_bfloat16, dropout on) traced and run in a
   fresh process with device placement logged: node counts by device and, where a GPU exists, which ops and
   nodes landed on the CPU; and, from the kernel registry, the step's ops that have no GPU kernel for their dtype.
@@ -114,6 +115,18 @@ def project_tests(name):
     import importlib
 
     return importlib.import_module(f"tests.zoo.{name}")
+
+
+def project_check(module, test, *args, quick=False):
+    """tests/zoo/MODULE.py's TEST(*args), run here. Under --quick it is only looked up and its arguments bound to
+    its signature (a renamed test or changed parameters fail the part), then skipped: CI runs it in its own file."""
+    import inspect
+
+    check = getattr(project_tests(module), test)
+    inspect.signature(check).bind(*args)
+    if quick:
+        raise Skipped(f"not in --quick: CI runs it in tests/zoo/{module}.py")
+    check(*args)
 
 
 # ---------------------------------------------------------------------------------------------- environment
@@ -271,23 +284,22 @@ def held_masks(quick):
 @part("exact:fused-equals-fit")
 def fused_equals_fit(quick):
     """Three AdamW steps with a global clip that triggers: the fused update's weights equal fit's (test_fused.py)."""
-    if quick:
-        raise Skipped("not in --quick: CI runs it in tests/zoo/test_fused.py (two fits, ~15-30 s on a CPU)")
-    project_tests("test_fused").test_fused_equals_fit_float32_with_a_global_clip("llama")
+    project_check("test_fused", "test_fused_equals_fit_float32_with_a_global_clip", "llama", quick=quick)
     return {"checked": "test_fused_equals_fit_float32_with_a_global_clip[llama]", "rtol": 1e-6}
 
 
 @part("exact:lora-int4")
 def lora_int4(quick):
     """LoRA adapters on an int4 base: `full` gives `none`'s adapter gradients (test_lora.py)."""
-    project_tests("test_lora").test_full_recomputation_gives_the_same_adapter_gradients("dec-base", "int4")
+    project_check("test_lora", "test_full_recomputation_gives_the_same_adapter_gradients", "dec-base", "int4",
+                  quick=quick)
     return {"checked": "test_full_recomputation_gives_the_same_adapter_gradients[dec-base-int4]", "rtol": RTOL}
 
 
 @part("exact:chunked-loss")
 def chunked_loss(quick):
     """13 positions in chunks of 5, 5 and 3, tied head, eager and tf.function, with and without weights."""
-    project_tests("test_lm_loss").test_equals_unchunked_fp32(True, 13, 5)
+    project_check("test_lm_loss", "test_equals_unchunked_fp32", True, 13, 5, quick=quick)
     return {"checked": "test_equals_unchunked_fp32[13-5-True]", "rtol": 1e-6}
 
 

@@ -38,6 +38,17 @@ def make_recipe(weights, **changes):
     return recipes.get("dpo", weights=str(weights)).replace(**{**settings, **changes})
 
 
+@pytest.fixture(scope="module")
+def starting(checkpoint):  # noqa: F811
+    """The pairs of `sums()` and the checkpoint's own log-probabilities of them, scored once: what a full run
+    stores as its reference, and what a named reference (the same checkpoint) must give."""
+    tokenizer, template = ChatTokenizer.from_folder(checkpoint), ChatTemplate.of(checkpoint)
+    length = make_recipe(checkpoint).sequence_length
+    pairs, _ = dpo_data.pairs("explicit", sums(), template, tokenizer, length)
+    start = zoo.hub.load(checkpoint, task="causal_lm", tokenizer=False)
+    return pairs, zoo.preference.reference_logps(start, dpo_data.reference_batches(pairs, 5, length))
+
+
 def test_a_lora_run_references_its_base_logs_trls_metrics_and_writes_an_adapter(checkpoint, tmp_path):  # noqa: F811
     data = write_jsonl(tmp_path / "pairs.jsonl", sums())
     recipe = make_recipe(checkpoint, lora_rank=4, lora_targets="all-linear", learning_rate=2e-2, steps=4)
@@ -52,18 +63,15 @@ def test_a_lora_run_references_its_base_logs_trls_metrics_and_writes_an_adapter(
     assert (tmp_path / "hf" / "adapter_config.json").is_file() and (tmp_path / "hf" / "tokenizer.json").is_file()
 
 
-def test_a_full_run_stores_its_reference_and_resumes_bitwise_after_sigkill(checkpoint, tmp_path, capsys):  # noqa: F811
+def test_a_full_run_stores_its_reference_and_resumes_bitwise_after_sigkill(checkpoint, starting, tmp_path,  # noqa: F811
+                                                                          capsys):
     data = write_jsonl(tmp_path / "pairs.jsonl", sums())
     recipe = make_recipe(checkpoint)
     recipes.run(recipe, str(data), str(tmp_path / "straight"), verbose=0)
 
     # The stored scores are the starting model's log-probabilities of the pairs, in order.
-    tokenizer, template = ChatTokenizer.from_folder(checkpoint), ChatTemplate.of(checkpoint)
-    pairs, _ = dpo_data.pairs("explicit", sums(), template, tokenizer, recipe.sequence_length)
-    start = zoo.hub.load(checkpoint, task="causal_lm", tokenizer=False)
-    expected = zoo.preference.reference_logps(start, dpo_data.reference_batches(pairs, 5, recipe.sequence_length))
     with np.load(tmp_path / "straight" / dpo.REFERENCE_FILE) as stored:
-        np.testing.assert_allclose(stored["train"], expected, rtol=1e-6)
+        np.testing.assert_allclose(stored["train"], starting[1], rtol=1e-6)
 
     killed = tmp_path / "killed"
     run_killed_at_step_4(recipe, str(data), killed)
@@ -92,17 +100,15 @@ def test_recipe_settings_are_refused_by_name(checkpoint):  # noqa: F811
     assert json.loads(json.dumps(make_recipe(checkpoint).to_dict()))["preference"] == "dpo"
 
 
-def test_a_named_reference_scores_the_pairs_once_and_must_share_the_vocabulary(checkpoint, tmp_path):  # noqa: F811
-    tokenizer, template = ChatTokenizer.from_folder(checkpoint), ChatTemplate.of(checkpoint)
+def test_a_named_reference_scores_the_pairs_once_and_must_share_the_vocabulary(checkpoint, starting,  # noqa: F811
+                                                                              tmp_path):
     recipe = make_recipe(checkpoint, reference=str(checkpoint))
     assert recipe.preference_reference == "stored"
-    pairs, _ = dpo_data.pairs("explicit", sums(6), template, tokenizer, recipe.sequence_length)
+    pairs, expected = starting  # the named reference is the checkpoint: its scores are the starting ones
     policy = zoo.get("dec-base", task="causal_lm", **{**TINY_DEC, "vocab_size": 1000})  # other weights
     dpo.score(recipe, policy, tmp_path / "scores.npz", "print", pairs, pairs[:2])
-    named = zoo.hub.load(checkpoint, task="causal_lm", tokenizer=False)
     with np.load(tmp_path / "scores.npz") as stored:
-        np.testing.assert_allclose(stored["train"], zoo.preference.reference_logps(
-            named, dpo_data.reference_batches(pairs, 4, recipe.sequence_length)), rtol=1e-6)
+        np.testing.assert_allclose(stored["train"], expected, rtol=1e-6)
         assert stored["valid"].shape == (2, 2) and str(stored["fingerprint"]) == "print"
     other = zoo.get("dec-base", task="causal_lm", **{**TINY_DEC, "vocab_size": 1200})
     with pytest.raises(ValueError, match="must share the policy's tokenizer"):

@@ -19,7 +19,7 @@ from tests.recipes.test_resume import final_state, run_killed_at_step_4
 from zoo import lora
 from zoo.loading import ADAPTER_DIR, BASE_FILE, MODEL_FILE, check_base, load
 
-STEPS = 6
+STEPS = 4  # a checkpoint every 2: the killed run dies writing the last one, and resumes from step 2
 LORA = dict(lora_rank=4, lora_alpha=8.0, lora_targets="q_proj,v_proj,down_proj", quantize="int8")
 
 
@@ -45,7 +45,7 @@ def run(base, recipes_news, tmp_path_factory):
 def test_the_run_keeps_only_adapters_and_a_reference_to_the_base(run, base):
     out, result, hf_out = run
     losses = [row["loss"] for row in result.history]
-    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert len(losses) == 2 and losses[-1] < losses[0]
     assert not (out / MODEL_FILE).exists() and (out / ADAPTER_DIR / "adapter_config.json").is_file()
     record = json.loads((out / BASE_FILE).read_text())
     assert record["weights"] == str(base.resolve()) and record["quantize"] == "int8" and len(record["sha256"]) == 64

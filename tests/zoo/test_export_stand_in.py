@@ -11,6 +11,7 @@ import pytest
 import zoo
 from tests.common import TINY, TINY_DEC, same_graph_and_weights
 from zoo import export
+from zoo.export import stand_in
 
 
 def spread(model):
@@ -20,13 +21,42 @@ def spread(model):
     return model
 
 
+GENERATOR = dict(quantize="int8", prefill_length=8, cache_length=24)
+
+
+@pytest.fixture(scope="module")
+def decoder_files(tmp_path_factory):
+    """decoder_files(name): the decoder's model, its file in each int8 mode, and the bytes the converter returned
+    for its stand-in graph (before the real weights went in), made once per name."""
+    made = {}
+
+    def make(name):
+        if name not in made:
+            model, folder, converted = spread(zoo.get(name, **TINY_DEC)), tmp_path_factory.mktemp(name), []
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(stand_in, "write_weights", lambda flatbuffer, stand_ins: stand_in_writer(
+                    flatbuffer, stand_ins, converted))
+                files = {mode: export.tflite_generator(model, folder / f"{mode}.tflite", int8_mode=mode, **GENERATOR)
+                         for mode in ("dynamic_range", "stand_in")}
+            made[name] = model, files, converted[0]
+        return made[name]
+
+    return make
+
+
+WRITE_WEIGHTS = stand_in.write_weights
+
+
+def stand_in_writer(flatbuffer, stand_ins, converted):
+    converted.append(flatbuffer)
+    return WRITE_WEIGHTS(flatbuffer, stand_ins)
+
+
 @pytest.mark.parametrize("name", ["gemma3-1b", "qwen2.5-0.5b"])
-def test_decoders_with_folded_one_plus_norms_and_biases(name, tmp_path):
+def test_decoders_with_folded_one_plus_norms_and_biases(name, decoder_files):
     """Gemma 3: (1 + scale) norms folded into the projections, q/k norms, sandwich norms, a tied
     embedding scaled after the lookup; Qwen2.5: projection biases."""
-    model = spread(zoo.get(name, **TINY_DEC))
-    files = {mode: export.tflite_generator(model, tmp_path / f"{mode}.tflite", quantize="int8", prefill_length=8,
-                                           cache_length=24, int8_mode=mode) for mode in ("dynamic_range", "stand_in")}
+    _, files, _ = decoder_files(name)
     assert same_graph_and_weights(files["dynamic_range"].path, files["stand_in"].path) > 100
     runs = [export.LiteRTGenerator(f.path).generate([[5, 9, 33, 7]], 8) for f in files.values()]
     np.testing.assert_array_equal(*runs)
@@ -46,23 +76,22 @@ def test_an_encoders_serving_graph_and_bert_refused_with_the_fix(tmp_path):
     assert not (tmp_path / "bert.tflite").exists()
 
 
-def test_a_weight_it_cannot_read_back_is_refused_not_left_a_stand_in(tmp_path, monkeypatch):
+def test_a_weight_it_cannot_read_back_is_refused_not_left_a_stand_in(tmp_path, monkeypatch, decoder_files):
     """Without the tables' (1 + scale) entries, Gemma's folded norms are unreadable (as they were
     before stand_in followed them): the export is refused, naming the weights and the fix, and
-    nothing is written."""
-    from zoo.export import stand_in
+    nothing is written. The converter's answer for this graph is the one it gave the export above."""
+    from zoo.export import convert
 
-    original = stand_in.write_weights
+    gemma, _, converted = decoder_files("gemma3-1b")
 
     def without_one_plus(flatbuffer, stand_ins):
         for table in (stand_ins.by_value, stand_ins.by_scale):
             for key in [key for key, placed in table.items() if placed[2]]:
                 del table[key]
-        return original(flatbuffer, stand_ins)
+        return WRITE_WEIGHTS(flatbuffer, stand_ins)
 
+    monkeypatch.setattr(convert, "convert", lambda endpoints, quantize: converted)
     monkeypatch.setattr(stand_in, "write_weights", without_one_plus)
-    gemma = spread(zoo.get("gemma3-1b", **TINY_DEC))
     with pytest.raises(ValueError, match=r"kernel \(and \d+ more\) is not in the converted file.*dynamic_range"):
-        export.tflite_generator(gemma, tmp_path / "g.tflite", quantize="int8", prefill_length=8, cache_length=24,
-                                int8_mode="stand_in")
+        export.tflite_generator(gemma, tmp_path / "g.tflite", int8_mode="stand_in", **GENERATOR)
     assert list(tmp_path.iterdir()) == []

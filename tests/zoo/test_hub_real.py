@@ -114,8 +114,9 @@ def test_smollm2_matches_keras_hub(smollm2, smollm2_folder):
 
 
 def test_smollm2_greedy_continues_with_paris(smollm2):
-    text = generate(smollm2, "The capital of France is", max_new_tokens=3, compile=False)  # no tracing: 3 tokens
-    assert text.startswith("The capital of France is Paris"), text
+    # " Paris" is one token (7042) of SmolLM2's vocabulary: one greedy step shows it; untraced, as one step is cheaper
+    text = generate(smollm2, "The capital of France is", max_new_tokens=1, compile=False)
+    assert text == "The capital of France is Paris", text
 
 
 def test_smollm2_query_key_rows_are_llama_cpps_permuted_back(assets, smollm2_folder):
