@@ -199,9 +199,10 @@ def test_metrics_are_computed_chunk_by_chunk_in_the_chunked_memory():
              [("whole", whole), ("chunked", chunked), ("no metrics", plain)]}
     logits, chunk = 2 * 256 * 4096 * 4, 2 * 32 * 4096 * 4  # 8 MiB of float32 logits, 1 MiB a chunk
     assert peaks["whole"] > peaks["chunked"] + logits, peaks
-    # The metrics read a chunk's logits: measured equal, or one chunk more (the next chunk's logits are made
-    # while the metrics finish with the last's); the whole logits would be 8 chunks and more.
-    assert peaks["chunked"] <= peaks["no metrics"] + 2 * chunk, peaks
+    # The metrics read a chunk's logits: measured equal, or one chunk more with oneDNN on (the next chunk's logits
+    # are made while the metrics finish with the last's), 2.25 chunks more with it off (AVX-512 EPYC, 2026-12-06);
+    # the whole logits are 8 chunks and more: bound 4, half of them.
+    assert peaks["chunked"] <= peaks["no metrics"] + 4 * chunk, peaks
 
 
 def test_a_loss_the_chunked_loss_does_not_compute():
