@@ -102,8 +102,8 @@ def test_memory_tests_hold_with_onednn_flipped():
     flipped = "0" if onednn_on() else "1"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # not an xdist worker's
     env.update(TF_ENABLE_ONEDNN_OPTS=flipped, PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-m", "pytest", "tests", "-m", "memory", "-n", "0", "-q",
-                           "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"],
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests", "-m", "memory", "-o", "addopts=", "-q",
+                           "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"],  # one process
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
     tail = done.stdout[-4000:]
     assert done.returncode == 0, f"with TF_ENABLE_ONEDNN_OPTS={flipped}:\n{tail}\n{done.stderr[-2000:]}"
