@@ -17,7 +17,7 @@ created before TensorFlow runs anything, so each scenario runs in a fresh proces
         device; writes how far apart the weights end (and how far plain Keras' Lion ends).
     python -m tests.recipes.distribute_child cli PAUSE_AFTER_STEP train ...
         `zoo train ...` (TF_CONFIG from the environment); past optimizer step PAUSE_AFTER_STEP
-        (0: never) every batch sleeps, so that a test can kill a worker mid-run; with
+        (0: never) every batch sleeps 2 s, so that a test can kill a worker mid-run; with
         HANG_AT_STEP=N in the environment, the main thread stops for good after step N (its
         other threads, TensorFlow's heartbeats included, go on: a hung worker, not a dead one).
 """
@@ -226,7 +226,7 @@ def optimizers(out):
 
 
 def cli(pause_after, *argv):
-    """`zoo train ARGV`; from optimizer step `pause_after` on (0: never) each batch sleeps 0.5 s."""
+    """`zoo train ARGV`; from optimizer step `pause_after` on (0: never) each batch sleeps 2 s."""
     import time
 
     from recipes import runner
@@ -241,7 +241,7 @@ def cli(pause_after, *argv):
                 open(os.environ["HANG_MARKER"], "w").close()  # when the hang began, for the test's clock
                 time.sleep(3600)
             if pause_after and step >= pause_after:
-                time.sleep(0.5)
+                time.sleep(2)
 
         runner._Intervals.on_train_batch_end = slow
     return main(list(argv))
