@@ -17,7 +17,7 @@ created before TensorFlow runs anything, so each scenario runs in a fresh proces
         device; writes how far apart the weights end (and how far plain Keras' Lion ends).
     python -m tests.recipes.distribute_child cli PAUSE_AFTER_STEP train ...
         `zoo train ...` (TF_CONFIG from the environment); past optimizer step PAUSE_AFTER_STEP
-        (0: never) every batch sleeps, so that a test can kill a worker mid-run; with
+        (0: never) every batch sleeps 2 s, so that a test can kill a worker mid-run; with
         HANG_AT_STEP=N in the environment, the main thread stops for good after step N (its
         other threads, TensorFlow's heartbeats included, go on: a hung worker, not a dead one).
 """
@@ -35,12 +35,13 @@ def split_cpu(n):
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
 
 
-# name: (checkpointing, precision, accumulation_steps, LoRA): each policy once, `full` with accumulation,
-# `none` under mixed_bfloat16, and LoRA adapters (zoo.lora, every projection) under `full`, as one child
-# process must stay short (each fit traces anew).
+# name: (checkpointing, precision, accumulation_steps, LoRA): `none` under mixed_bfloat16 (bfloat16 gradients
+# rounded per replica), `full` with accumulation (recomputation in a replica, keras #20582), and LoRA adapters
+# (zoo.lora, every projection) under `full`. `selective` recomputes through the same wrapper as `full`
+# (zoo.ops.recompute), only around the attention core, so it adds no path under a strategy; each fit traces
+# anew, about 10 s, and one child process must stay short.
 SCENARIOS = {
     "none-bf16": ("none", "mixed_bfloat16", 1, False),
-    "selective": ("selective", "float32", 1, False),
     "full-accumulation": ("full", "float32", 2, False),
     "lora-full": ("full", "float32", 1, True),
 }
@@ -226,7 +227,7 @@ def optimizers(out):
 
 
 def cli(pause_after, *argv):
-    """`zoo train ARGV`; from optimizer step `pause_after` on (0: never) each batch sleeps 0.5 s."""
+    """`zoo train ARGV`; from optimizer step `pause_after` on (0: never) each batch sleeps 2 s."""
     import time
 
     from recipes import runner
@@ -241,7 +242,7 @@ def cli(pause_after, *argv):
                 open(os.environ["HANG_MARKER"], "w").close()  # when the hang began, for the test's clock
                 time.sleep(3600)
             if pause_after and step >= pause_after:
-                time.sleep(0.5)
+                time.sleep(2)
 
         runner._Intervals.on_train_batch_end = slow
     return main(list(argv))

@@ -57,9 +57,9 @@ def mirrored(tmp_path_factory):
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_mirrored_equals_one_device(mirrored, scenario):
-    """`none` under mixed_bfloat16 (compared with one device under the same policy), `selective`, and
-    `full` with 2 micro-batches accumulated per update (keras #20582), and LoRA adapters under `full`
-    (only A and B train: 2 x 7 projections x 2 layers; no frozen replica copy is left trainable to TensorFlow)."""
+    """`none` under mixed_bfloat16 (compared with one device under the same policy), `full` with 2
+    micro-batches accumulated per update (keras #20582), and LoRA adapters under `full` (only A and B
+    train: 2 x 7 projections x 2 layers; no frozen replica copy is left trainable to TensorFlow)."""
     assert mirrored["replicas"] == 2
     got = mirrored[scenario]
     assert got["watched_frozen"] == 0, got

@@ -10,8 +10,10 @@ stateful random ops, so a resumed MLM run sees other masks than an uninterrupted
 one; these tests train the causal LM.
 
 One uninterrupted reference run (8 steps, a checkpoint every 2) is shared by the
-tests. Interruptions are in-process exceptions, except the one real SIGKILL, which
-lands inside a checkpoint write.
+tests. One chain of runs interrupts the same out_dir three ways, each run resuming
+the last one's: a real SIGKILL inside a checkpoint write (a child process), then
+in-process exceptions, mid-update and inside a checkpoint write. Each run costs
+seconds of tracing, so no interruption gets a run of its own from the start.
 """
 
 import json
@@ -173,39 +175,32 @@ def run_killed_at_step_4(recipe, data, out_dir):
     assert [step for step, _ in state.checkpoints(str(out_dir))] == [2]
 
 
-def test_sigkill_inside_a_checkpoint_write_then_resume(tmp_path, recipes_news, recipes_vocab, reference, capsys):
-    """Killed (SIGKILL) half-way through writing the step-4 checkpoint: the complete
-    step-2 checkpoint is all a resumed run sees; it restarts at step 2, removes the
-    half-written folder and ends equal to the uninterrupted run."""
-    killed = tmp_path / "killed"
-    run_killed_at_step_4(make_recipe(recipes_vocab["llama"]), recipes_news, killed)
-    partial = leftovers(killed)
-    assert len(partial) == 1 and partial[0].startswith(".step-000000004.tmp-"), partial  # killed inside the write
-    assert os.listdir(killed / state.CHECKPOINTS / partial[0]) == ["model.safetensors"]
-    assert not (killed / "model.keras").exists()
-
-    capsys.readouterr()
-    result = train(recipes_vocab["llama"], recipes_news, killed)
-    assert "Resuming dec-base from step 2" in capsys.readouterr().out
-    assert (result.start_step, result.step) == (2, STEPS)
-    assert leftovers(killed) == []
-    assert (killed / "model.keras").is_file()
-    assert_same_state(killed, reference[1])
-
-
-# ----------------------------------------------------------------------------- in-process interruptions
-def test_interrupted_twice_then_resumed(tmp_path, recipes_news, recipes_vocab, reference, capsys, monkeypatch):
-    """1. Interrupted half-way through update 6 (after micro-batch 11 of 2 per update):
-    the last checkpoint is step 4. 2. Resumed from step 4, skipping 4 x 2 = 8
-    micro-batches; this run fails inside the write of the step-6 checkpoint (the
-    writer raises after the model file): the step-4 checkpoint is untouched and no
-    temporary is left. 3. Resumed from step 4 again, it ends equal to the
-    uninterrupted run: weights, seed states, moments, loss scale and counters."""
+def test_sigkill_inside_a_checkpoint_write_then_resume(tmp_path, recipes_news, recipes_vocab, reference, capsys,
+                                                       monkeypatch):
+    """One run interrupted three ways, each time resumed on the same out_dir:
+    1. Killed (SIGKILL, a child process) half-way through writing the step-4 checkpoint: the complete
+    step-2 checkpoint is all the next run sees; it restarts at step 2 and removes the half-written folder.
+    2. That run is interrupted half-way through update 6 (after its micro-batch 7 of 2 per update: updates
+    3 to 5 are its first 6): the last checkpoint is step 4, its own.
+    3. Resumed from step 4, skipping 4 x 2 = 8 micro-batches, this run fails inside the write of the step-6
+    checkpoint (the writer raises after the model file): the step-4 checkpoint is untouched and no
+    temporary is left.
+    4. Resumed from step 4 again, it ends equal to the uninterrupted run: weights, seed states, moments,
+    loss scale and counters."""
     out = tmp_path / "run"
     vocabulary = recipes_vocab["llama"]
+    run_killed_at_step_4(make_recipe(vocabulary), recipes_news, out)
+    partial = leftovers(out)
+    assert len(partial) == 1 and partial[0].startswith(".step-000000004.tmp-"), partial  # killed inside the write
+    assert os.listdir(out / state.CHECKPOINTS / partial[0]) == ["model.safetensors"]
+    assert not (out / "model.keras").exists()
+
+    capsys.readouterr()
     with pytest.raises(Interrupted):
-        train(vocabulary, recipes_news, out, callbacks=[InterruptAt(11)])
+        train(vocabulary, recipes_news, out, callbacks=[InterruptAt(7)])
+    assert "Resuming dec-base from step 2" in capsys.readouterr().out
     assert [step for step, _ in state.checkpoints(str(out))] == [2, 4]
+    assert leftovers(out) == []
     assert not (out / "model.keras").exists()
 
     real, before = state.save_file, {}
@@ -217,7 +212,6 @@ def test_interrupted_twice_then_resumed(tmp_path, recipes_news, recipes_vocab, r
         return real(tensors, filename, *args, **kwargs)
 
     monkeypatch.setattr(state, "save_file", failing)
-    capsys.readouterr()
     with pytest.raises(OSError, match="No space left"):
         train(vocabulary, recipes_news, out)
     assert "Resuming dec-base from step 4" in capsys.readouterr().out
@@ -232,6 +226,7 @@ def test_interrupted_twice_then_resumed(tmp_path, recipes_news, recipes_vocab, r
     assert "Resuming dec-base from step 4" in capsys.readouterr().out
     assert (result.start_step, result.step) == (4, STEPS) and [row["step"] for row in result.history] == [6, 8]
     assert [step for step, _ in state.checkpoints(str(out))] == [4, 6, 8]
+    assert (out / "model.keras").is_file()
     assert_same_state(out, reference[1])
 
 
