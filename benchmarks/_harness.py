@@ -137,7 +137,9 @@ def median_seconds(fn, runs) -> float:
 
 def status_bytes(key: str, pid="self") -> int:
     """A memory line of /proc/PID/status in bytes ("VmRSS", "VmHWM": the peak since start or since
-    it was reset by writing 5 to /proc/self/clear_refs); 0 once the process has gone."""
+    it was reset by writing 5 to /proc/self/clear_refs); 0 once the process has gone. zoo.memory.measure reads it
+    the same way; this copy keeps a benchmark's parent, which only watches its children, free of TensorFlow
+    (importing any zoo module imports zoo, and zoo TensorFlow)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
