@@ -38,7 +38,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ROOT = REPO / "tests" / "fixtures" / "chat" / "stock"
 sys.path.insert(0, str(REPO))
-from tools.make_chat_fixtures import GEMMA3_GEN, PARAGRAPHS, replace_once, smollm2_with_generation  # noqa: E402
+from tools.make_chat_fixtures import (  # noqa: E402
+    A1,
+    A2,
+    A_WS,
+    GEMMA3_GEN,
+    PARAGRAPHS,
+    SYSTEM,
+    U1,
+    U2,
+    U_WS,
+    replace_once,
+    smollm2_with_generation,
+)
 
 LLAMA_CPP = "ggml-org/llama.cpp models/templates/{} (vendored verbatim from the checkpoint's tokenizer_config.json; " \
             "read from the mirror ye-NX/llama.cpp at 1eeb523c3e0c7ffbd59469f5463dcbdecba3535e)"
@@ -96,14 +108,8 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|im_sep|>", "<|begin
 ADDED = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]  # not special
 
 # ---------------------------------------------------------------------------------------------- conversations
-U1 = {"role": "user", "content": "What is the capital of France?"}
-A1 = {"role": "assistant", "content": "The capital of France is Paris."}
-SYSTEM = {"role": "system", "content": "You are a concise assistant. Answer in one sentence."}
-U2 = {"role": "user", "content": "And which river flows through it?"}
-A2 = {"role": "assistant", "content": "The Seine flows through Paris, from east to west."}
+# The earlier fixtures' conversations (U1, A1, SYSTEM, U2, A2, U_WS, A_WS), and these cases' own below.
 EMPTY = {"role": "assistant", "content": ""}
-U_WS = {"role": "user", "content": "  Héllo, wörld!\n Grüße 👋 and 你好世界, naïve café?  \n"}
-A_WS = {"role": "assistant", "content": "\n  Ça va très bien 🙂 — 日本語のテキスト, über alles.\t \n\n"}
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city, e.g. Zürich"}},
