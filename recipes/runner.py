@@ -329,11 +329,9 @@ def restore(recipe, cluster, out_dir, base=None, num_classes=None):
         model = build(recipe, num_classes)
         model.optimizer.build(model.trainable_variables)
         model = cluster.prepare(model)
-        start = 0
-        found = state.checkpoints(out_dir)
-        if found:
-            start = state.restore(found[-1][1], model, model.optimizer, base)
-            print(f"Resuming {recipe.name} from step {start} ({found[-1][1]}).")
+        start, folder = state.restore_latest(out_dir, model, model.optimizer, base, chief=cluster.chief)
+        if folder:
+            print(f"Resuming {recipe.name} from step {start} ({folder}).")
     return model, start
 
 

@@ -17,8 +17,10 @@ of one. Weights are safetensors (never pickles).
 import json
 import os
 import shutil
+import warnings
 
 import numpy as np
+from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from recipes.recipe import LEGACY_TASKS, Recipe
@@ -164,16 +166,63 @@ def _check_optimizer(folder, names, optimizer):
                          "(zoo train --optimizer keras-adafactor).")
 
 
+class CorruptCheckpoint(ValueError):
+    """A checkpoint's files cannot be read whole (truncated, overwritten, missing): the disk's doing, not the run's."""
+
+
+def _read(folder):
+    """(state.json, model arrays, optimizer arrays) of a checkpoint, every file read before anything is assigned."""
+    name = "state.json"
+    try:
+        with open(os.path.join(folder, name), encoding="utf-8") as f:
+            state = json.load(f)
+        name = "model.safetensors"
+        model_arrays = load_file(os.path.join(folder, name))
+        name = "optimizer.safetensors"
+        return state, model_arrays, load_file(os.path.join(folder, name))
+    except (OSError, ValueError, SafetensorError) as error:  # JSONDecodeError is a ValueError
+        raise CorruptCheckpoint(f"{os.path.join(folder, name)} cannot be read ({type(error).__name__}: "
+                                f"{error})") from None
+
+
 def restore(folder, model, optimizer, base=None) -> int:
     """Load a checkpoint into the built model and optimizer; with LoRA, `base` (the run's base
     record) must be the one the checkpoint was trained on. Returns its step."""
-    with open(os.path.join(folder, "state.json"), encoding="utf-8") as f:
-        state = json.load(f)
+    state, model_arrays, optimizer_arrays = _read(folder)
     if state.get("base") and base:
         check_base(state["base"], found=base)
     _check_optimizer(folder, state["optimizer_variables"], optimizer)
-    _assign(model_variables(model), load_file(os.path.join(folder, "model.safetensors")),
-            state["model_variables"], "model", folder)
-    _assign(optimizer.variables, load_file(os.path.join(folder, "optimizer.safetensors")),
-            state["optimizer_variables"], "optimizer", folder)
+    _assign(model_variables(model), model_arrays, state["model_variables"], "model", folder)
+    _assign(optimizer.variables, optimizer_arrays, state["optimizer_variables"], "optimizer", folder)
     return state["step"]
+
+
+def restore_latest(out_dir, model, optimizer, base=None, chief=True):
+    """(step, folder) of the newest checkpoint of `out_dir` that reads whole, restored into the model and optimizer;
+    (0, None) when there is none. A newer one that does not read whole is named in a warning and, by the chief, moved
+    aside as `step-N.corrupt` (kept, never deleted: it may be recovered by hand). When every checkpoint is corrupt the
+    run stops and says so: running the same command again then starts from step 0."""
+    corrupt = []
+    for step, folder in reversed(checkpoints(out_dir)):
+        try:
+            return restore(folder, model, optimizer, base), folder
+        except CorruptCheckpoint as error:
+            kept = _move_aside(folder) if chief else folder  # only the chief writes into out_dir
+            corrupt.append(kept)
+            where = f"Kept as {kept}" if chief else "Left for the chief to move aside"
+            warnings.warn(f"Checkpoint step {step} is corrupt: {error}. {where}; resuming from the one before it.",
+                          stacklevel=2)
+    if corrupt:
+        raise ValueError(f"No intact checkpoint in {out_dir!r}: {', '.join(corrupt)} cannot be read. They are kept "
+                         "aside; run the same command again to start the run from step 0, or pass a new --out-dir.")
+    return 0, None
+
+
+def _move_aside(folder):
+    """`step-N` -> `step-N.corrupt` (or `.corrupt-2`, ...): out of `checkpoints()`, and of the `keep` count."""
+    target, n = f"{folder}.corrupt", 1
+    while os.path.exists(target):
+        n += 1
+        target = f"{folder}.corrupt-{n}"
+    os.replace(folder, target)
+    return target
