@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from zoo.generation import SAMPLERS, detokenize, generate, stream, trim
+from zoo.generation.sampling import check_options
 from zoo.hub.tokenizers import END_OF_TEXT
 from zoo.loading import TOKENIZER_DIR, load
 
@@ -97,6 +98,7 @@ def _chat(args, options):
 
 
 def _generate(args):
+    check_options(args.sampler, args.top_k, args.top_p, args.temperature)  # before anything is loaded
     if args.tflite:
         return _tflite(args)
     if args.chat is not None:

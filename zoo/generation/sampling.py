@@ -8,6 +8,7 @@ the same tokens (docs/design-notes.md, "Generation in exports").
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import keras
@@ -18,12 +19,28 @@ SAMPLERS = ("greedy", "top_k", "top_p", "temperature")
 SAMPLER_IDS = {name: i for i, name in enumerate(SAMPLERS)}
 
 
+def check_options(sampler="greedy", top_k=None, top_p=None, temperature=None):
+    """Refuse a sampler name or setting that no draw could use, before any model is loaded or run: `zoo generate`
+    and `generate()` / `stream()` alike. A temperature of 0 would divide the logits by zero (its limit is greedy)."""
+    if isinstance(sampler, str) and sampler.replace("-", "_") not in (*SAMPLERS, "random"):
+        raise ValueError(f"Unknown sampler {sampler!r}; known: {', '.join(SAMPLERS)} (or a keras_hub sampler).")
+    if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a number above 0, got {temperature}: the logits are divided by it. "
+                         "For the most likely token at every step use sampler 'greedy'.")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}: the share of probability the draw keeps "
+                         "(1 keeps every token).")
+    if top_k is not None and (isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1):
+        raise ValueError(f"top_k must be a whole number of tokens, at least 1, got {top_k}.")
+
+
 def make_sampler(sampler="greedy", seed=None, top_k=50, top_p=0.9, temperature=1.0):
     """A keras-hub sampler from a name: "greedy", "top_k"/"top-k", "top_p"/"top-p", or
     "temperature" (also "random": keras-hub's `RandomSampler`, a draw from the whole
     softmax(logits / temperature))."""
     if not isinstance(sampler, str):
         return sampler  # already a keras_hub.samplers.Sampler
+    check_options(sampler, top_k, top_p, temperature)
     name = sampler.replace("-", "_")
     if name == "greedy":
         return keras_hub.samplers.GreedySampler()
