@@ -84,10 +84,13 @@ def _check_length(model, longest, max_new_tokens):
     limit = model.spec.max_sequence_length
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+    if longest >= limit:  # no room for even one new token: only a shorter prompt helps
+        raise ValueError(f"The prompt is {longest} tokens, and the model has {limit} positions: no room for a new "
+                         f"token. Shorten the prompt to at most {limit - 1} tokens (its last ones carry the context).")
     if longest + max_new_tokens > limit:
         raise ValueError(f"The prompt ({longest} tokens) plus max_new_tokens ({max_new_tokens}) is "
                          f"{longest + max_new_tokens} positions, more than the model's {limit}; "
-                         f"shorten the prompt or ask for at most {max(limit - longest, 0)} new tokens.")
+                         f"shorten the prompt or ask for at most {limit - longest} new tokens.")
 
 
 def generate(model, prompt=None, max_new_tokens=32, sampler="greedy", seed=None, tokenizer=None, use_cache=True,

@@ -1,4 +1,4 @@
-"""Sampler settings no draw could use are refused with what is allowed, by `generate()` and by `zoo generate` before
+"""Generation options no draw could use are refused with what is allowed, by `generate()` and by `zoo generate` before
 it loads the model (issue 48: a temperature of -1 and a top_p of 1.5 generated text, a temperature of 0 ended in a
 TensorFlow traceback)."""
 
@@ -33,3 +33,16 @@ def test_the_cli_refuses_them_before_loading_the_model(options, message, tmp_pat
 def test_settings_in_range_make_keras_hubs_samplers():
     assert type(make_sampler("top-p", top_p=1.0, temperature=0.5)).__name__ == "TopPSampler"
     assert type(make_sampler("top_k", top_k=1)).__name__ == "TopKSampler"
+
+
+def test_a_prompt_that_fills_the_model_asks_for_a_shorter_prompt():
+    import zoo
+    from tests.common import TINY_DEC
+    from zoo.generation import generate
+
+    model = zoo.get("dec-base", **dict(TINY_DEC, max_sequence_length=8))
+    with pytest.raises(ValueError, match="The prompt is 8 tokens, and the model has 8 positions: no room for a new "
+                                         "token. Shorten the prompt to at most 7 tokens"):
+        generate(model, [[1] * 8], 4)
+    with pytest.raises(ValueError, match=r"\(6 tokens\) plus max_new_tokens \(4\) .* ask for at most 2 new tokens"):
+        generate(model, [[1] * 6], 4)
