@@ -9,10 +9,10 @@ classifier checkpoint's labels must be the data's.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 
 import zoo
+from zoo.reading import read_json
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,9 @@ def checkpoint(weights: str) -> Checkpoint:
                          "then start from --weights MERGED.")
     if not path.is_file():
         raise FileNotFoundError(f"{weights} has no config.json; --weights takes a Hugging Face model folder "
-                                "or Hub repo id.")
-    config = json.loads(path.read_text(encoding="utf-8"))
+                                "or Hub repo id." + "".join(f" {zoo.hub.gguf_needs_converting(p)}"
+                                                            for p in sorted(folder.glob("*.gguf"))[:1]))
+    config = read_json(path)
     spec, task, _ = zoo.hub.spec_from_config(config)
     id2label = config.get("id2label")
     labels = tuple(id2label[str(i)] for i in range(len(id2label))) if task == "classifier" and id2label else None

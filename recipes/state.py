@@ -14,20 +14,19 @@ killed at any instant leaves either the old checkpoint or the new one, never hal
 of one. Weights are safetensors (never pickles).
 """
 
-import json
 import os
 import shutil
 import warnings
 
 import numpy as np
-from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from recipes.recipe import LEGACY_TASKS, Recipe
 from zoo import lora
 from zoo.files import atomic_path, write_json
 from zoo.loading import check_base
 from zoo.optimizers import Adafactor
+from zoo.reading import UnreadableFile, load_safetensors, read_json
 
 RUN_FILE = "run.json"
 CHECKPOINTS = "checkpoints"
@@ -40,8 +39,7 @@ def read_run(out_dir):
     path = os.path.join(out_dir, RUN_FILE)
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        run = json.load(f)
+    run = read_json(path)
     for record in (run, run.get("recipe", {})):
         if "task" in record:
             record["task"] = LEGACY_TASKS.get(record["task"], record["task"])
@@ -172,17 +170,12 @@ class CorruptCheckpoint(ValueError):
 
 def _read(folder):
     """(state.json, model arrays, optimizer arrays) of a checkpoint, every file read before anything is assigned."""
-    name = "state.json"
     try:
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
-            state = json.load(f)
-        name = "model.safetensors"
-        model_arrays = load_file(os.path.join(folder, name))
-        name = "optimizer.safetensors"
-        return state, model_arrays, load_file(os.path.join(folder, name))
-    except (OSError, ValueError, SafetensorError) as error:  # JSONDecodeError is a ValueError
-        raise CorruptCheckpoint(f"{os.path.join(folder, name)} cannot be read ({type(error).__name__}: "
-                                f"{error})") from None
+        state = read_json(os.path.join(folder, "state.json"))
+        model = load_safetensors(os.path.join(folder, "model.safetensors"))
+        return state, model, load_safetensors(os.path.join(folder, "optimizer.safetensors"))
+    except (UnreadableFile, OSError) as error:  # truncated, overwritten or missing
+        raise CorruptCheckpoint(str(error)) from None
 
 
 def restore(folder, model, optimizer, base=None) -> int:

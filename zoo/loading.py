@@ -1,7 +1,6 @@
 """One way to name a model on the command line: a registered name, a `.keras` file,
 a training run's folder, or a Hugging Face folder / Hub repo id."""
 
-import json
 from pathlib import Path
 
 import keras
@@ -9,6 +8,7 @@ import keras
 from zoo import hub, lora, registry
 from zoo.chat import Chat
 from zoo.models import build
+from zoo.reading import read_json
 
 MODEL_FILE = "model.keras"  # what a training run (recipes) writes at the end
 TOKENIZER_DIR = "tokenizer"
@@ -39,7 +39,7 @@ def load_lora_run(folder, merge=False):
     """A LoRA run's base with its adapters: quantized as it trained, or with the adapters merged
     into the float base (`merge`: what export and Hugging Face weights need)."""
     folder = Path(folder)
-    base = check_base(json.loads((folder / BASE_FILE).read_text(encoding="utf-8")))
+    base = check_base(read_json(folder / BASE_FILE))
     classes = {"num_classes": base["num_classes"]} if base["task"] == "classifier" else {}
     quantize = None if merge else base["quantize"]  # quantized as each tensor is read (zoo.hub.load)
     model = hub.load(base["weights"], task=base["task"], tokenizer=False, quantize=quantize, **classes)
@@ -78,6 +78,8 @@ def load(source, task=None, merge=False):
     """
     source = str(source)
     path = Path(source)
+    if source.endswith(".gguf"):
+        raise ValueError(hub.gguf_needs_converting(source))
     if source.endswith(".keras"):
         if not path.is_file():
             raise FileNotFoundError(f"No model file at {source}.")

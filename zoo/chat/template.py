@@ -28,6 +28,8 @@ import re
 from datetime import datetime
 from pathlib import Path
 
+from zoo.reading import read_json
+
 TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -166,7 +168,7 @@ class ChatTemplate:
             return cls((folder / TEMPLATE_FILE).read_text(encoding="utf-8"), specials, str(folder / TEMPLATE_FILE))
         for name in ("chat_template.json", CONFIG_FILE):
             if (folder / name).is_file():
-                source = json.loads((folder / name).read_text(encoding="utf-8")).get("chat_template")
+                source = read_json(folder / name).get("chat_template")
                 if isinstance(source, list):  # named templates: transformers renders "default"
                     source = {t.get("name"): t.get("template") for t in source}.get("default")
                 if source:
@@ -176,9 +178,7 @@ class ChatTemplate:
     @staticmethod
     def _special_tokens(path: Path) -> dict:
         config = path if path.name == CONFIG_FILE else path / CONFIG_FILE
-        if not config.is_file():
-            return {}
-        settings = json.loads(config.read_text(encoding="utf-8"))
+        settings = read_json(config, missing={})
         return {name: _token_text(settings.get(name)) for name in SPECIAL_TOKENS if settings.get(name)}
 
     @classmethod
@@ -197,7 +197,7 @@ class ChatTemplate:
         folder = Path(folder)
         (folder / TEMPLATE_FILE).write_text(self.source, encoding="utf-8")
         config = folder / CONFIG_FILE
-        settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+        settings = read_json(config, missing={})
         settings.pop("chat_template", None)  # the .jinja file is the one template
         config.write_text(json.dumps({**settings, **self.special_tokens}, indent=2, ensure_ascii=False) + "\n",
                           encoding="utf-8")

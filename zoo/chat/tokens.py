@@ -12,11 +12,12 @@ whitespace differently from `tokenizers`: "\\n Grüße" becomes "\\n " + "Grüß
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from zoo.reading import read_json
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -58,8 +59,7 @@ class ChatTokenizer:
         if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
             bpe = ByteLevelBPETokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
             config = folder / "tokenizer_config.json"
-            added = json.loads(config.read_text(encoding="utf-8")).get("added_tokens_decoder", {}) \
-                if config.is_file() else {}
+            added = read_json(config, missing={}).get("added_tokens_decoder", {})
             bpe.add_special_tokens([AddedToken(t["content"], special=True, normalized=False)
                                     for t in added.values() if t.get("special", True)])
             return cls(bpe._tokenizer, str(folder))

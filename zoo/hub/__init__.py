@@ -157,6 +157,13 @@ def weight_map(model) -> list[Entry]:
 
 
 # --- reading ---------------------------------------------------------------------------
+def gguf_needs_converting(path) -> str:
+    """What to do with a llama.cpp file where a Hugging Face folder is read."""
+    return (f"{path} is a GGUF file (llama.cpp); zoo reads Hugging Face folders. Convert it once: "
+            f"python -c 'import zoo.hub; zoo.hub.convert_gguf(\"{path}\", \"{Path(path).with_suffix('')}-hf\")', "
+            "then pass the folder it writes.")
+
+
 def local_folder(repo_id_or_path) -> Path:
     """A local folder as is, or a Hub repo id downloaded through `huggingface_hub` (its
     cache, `HF_HUB_OFFLINE`, `HF_TOKEN`), fetching only config, safetensors and
@@ -179,6 +186,8 @@ def local_folder(repo_id_or_path) -> Path:
     if path.is_dir():
         return path
     text = str(repo_id_or_path)
+    if path.suffix == ".gguf":
+        raise ValueError(gguf_needs_converting(path))
     if path.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1:
         raise FileNotFoundError(f"{text!r} is not a folder; pass a Hugging Face model folder or a Hub repo id.")
     import huggingface_hub
@@ -252,7 +261,8 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
     folder = local_folder(repo_id_or_path)
     config = read_json(folder / "config.json")
     if not config:
-        raise FileNotFoundError(f"{folder} has no config.json; it is not a Hugging Face model folder.")
+        raise FileNotFoundError(f"{folder} has no config.json; it is not a Hugging Face model folder."
+                                + "".join(f" {gguf_needs_converting(p)}" for p in sorted(folder.glob("*.gguf"))[:1]))
     if adapter is not None:
         read_config(adapter)  # refuse an unreadable adapter before building the model
     spec, own_task, task_args = spec_from_config(config)
@@ -273,6 +283,7 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
         task_args = {}
     spec = spec.replace(**overrides) if overrides else spec
     streamed = quantize is not None and spec.is_decoder  # its weight map names each quantized layer's tensors
+    weights.weight_files(folder)  # weights missing, pickled or cut short: refused before the model is built
     model = build(spec, task=task, checkpointing=checkpointing, dtype=dtype,
                   quantize=quantize if streamed else None, **task_args)
     if streamed:

@@ -25,6 +25,7 @@ import numpy as np
 from zoo import lora
 from zoo.files import atomic_path
 from zoo.hub.tokenizers import save_tokenizer
+from zoo.reading import open_safetensors, read_json
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -57,7 +58,7 @@ def read_config(folder) -> dict:
     path = Path(folder) / CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"{folder} has no {CONFIG}; it is not a PEFT adapter folder.")
-    config = json.loads(path.read_text())
+    config = read_json(path)
     if config.get("peft_type") != "LORA":
         raise ValueError(f"{path} is a {config.get('peft_type')!r} adapter; zoo reads LoRA adapters "
                          "(peft_type 'LORA').")
@@ -123,8 +124,6 @@ def load_adapter(model, folder) -> list:
     >>> load_adapter(zoo.hub.load("base/"), "adapter/")
     ['model.layers.0.self_attn.q_proj', ...]
     """
-    from safetensors import safe_open
-
     from zoo.hub.families import family_of
     from zoo.hub.weights import hf_name, hf_shape, normalise
 
@@ -144,7 +143,7 @@ def load_adapter(model, folder) -> list:
              if e.group in lora.HEAD_GROUPS}
     rslora = bool(config.get("use_rslora"))
     plan, tensors, head_arrays = {}, {}, {}
-    with safe_open(file, framework="numpy") as f:
+    with open_safetensors(file) as f:
         keys = list(f.keys())
         pairs = {}
         for key in keys:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from zoo import reading
+
 WORDPIECE_FILE = "vocab.txt"
 BPE_FILES = ("vocab.json", "merges.txt")
 SENTENCEPIECE_FILE = "tokenizer.model"
@@ -22,8 +24,7 @@ END_OF_TEXT = ("<|endoftext|>", "<|end_of_text|>", "<eos>", "</s>")
 
 def read_json(path) -> dict:
     """A JSON file's contents, or {} when it does not exist (most files of a Hugging Face folder are optional)."""
-    path = Path(path)
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    return reading.read_json(path, missing={})
 
 
 def wordpiece(path, lowercase=False, special_tokens=True, **kwargs):

@@ -10,6 +10,7 @@ loading needs about one tensor of memory beyond the model itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from zoo import lora
+from zoo.reading import UnreadableFile, open_safetensors, read_json
 
 log = logging.getLogger("zoo.hub")
 
@@ -128,13 +130,14 @@ def normalise(key: str, family) -> str:
 def weight_files(folder: Path) -> dict[str, Path]:
     """tensor name -> the safetensors file holding it (one file, or the shards the index names).
     A folder of PyTorch pickles is refused with the one-line conversion: unpickling can run code."""
-    from safetensors import safe_open
-
     if (folder / INDEX).exists():
-        index = json.loads((folder / INDEX).read_text())
+        index = read_json(folder / INDEX)
+        if not isinstance(index.get("weight_map") if isinstance(index, dict) else None, dict):
+            raise UnreadableFile(f"{folder / INDEX} has no \"weight_map\" (tensor name -> shard file); download or "
+                                 "copy it again.")
         return {key: folder / name for key, name in index["weight_map"].items()}
     if (folder / WEIGHTS).exists():
-        with safe_open(folder / WEIGHTS, framework="numpy") as f:
+        with open_safetensors(folder / WEIGHTS) as f:
             return {key: folder / WEIGHTS for key in f.keys()}
     pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt*"))
     if pickles:
@@ -188,8 +191,6 @@ def load_into(model, folder, family, strict=True) -> list[str]:
     >>> load_into(zoo.get("enc-mini", task="classifier"), "all-MiniLM-L6-v2", bert)
     ['classifier.weight', 'classifier.bias']
     """
-    from safetensors import safe_open
-
     folder = Path(folder)
     files = weight_files(folder)
     available = {}
@@ -210,7 +211,7 @@ def load_into(model, folder, family, strict=True) -> list[str]:
     groups_present = {e.group for e in entries if e.key in available}
     fresh = []
     handles = {}
-    try:
+    with contextlib.ExitStack() as opened:
         for entry in entries:  # every header first: refuse a missing, misshapen or non-float tensor by name
             if entry.key not in available:
                 if entry.group == "backbone" or entry.group in groups_present:
@@ -222,10 +223,8 @@ def load_into(model, folder, family, strict=True) -> list[str]:
                 continue
             key, file = available[entry.key]
             if file not in handles:
-                handles[file] = safe_open(file, framework="numpy")
+                handles[file] = opened.enter_context(open_safetensors(file))
             check_header(handles[file].get_slice(key), key, file, hf_shape(entry))
-    finally:
-        handles.clear()
     for group in _by_layer([e for e in entries if e.key in available]):
         if group[0].layer is None:
             group[0].assign(read_tensor(*available[group[0].key]))
@@ -242,9 +241,7 @@ def read_tensor(key, file):
     """One tensor as a numpy array of its own. The file is opened for it alone: safetensors maps the file,
     and every page read stays in the process's resident memory while the map is open (a whole checkpoint's
     worth by the end, were the shards kept open)."""
-    from safetensors import safe_open
-
-    with safe_open(file, framework="numpy") as f:
+    with open_safetensors(file) as f:
         return f.get_tensor(key)
 
 
@@ -252,10 +249,8 @@ def rows(key, file, transpose):
     """(begin, end) -> the tensor's rows begin:end (`transpose`: as the Keras variable's columns), read
     alone (`read_tensor`). Hugging Face's rows are a table's tokens and a Linear's outputs: what
     zoo.lora.quantize_into slices a layer by."""
-    from safetensors import safe_open
-
     def read(begin, end):
-        with safe_open(file, framework="numpy") as f:
+        with open_safetensors(file) as f:
             part = f.get_slice(key)[begin:end]
         return part.T if transpose else part
 
