@@ -61,6 +61,9 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
     if not train_pairs:
         raise ValueError(f"No pair of {data_path} fits {recipe.sequence_length} positions; raise --sequence-length, "
                          "or check the rows (report above).")
+    if len(train_pairs) < recipe.batch_size:  # here, before out_dir is written; the batches' own check is a backstop
+        raise ValueError(f"{len(train_pairs)} pair(s) make no batch of {recipe.batch_size}; lower --batch-size or "
+                         "give more pairs.")
     valid_pairs = []
     if held:
         valid_pairs, valid_report = data.pairs(kind, rows, template, tokenizer, recipe.sequence_length,

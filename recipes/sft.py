@@ -97,8 +97,10 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
     for line in report.lines(recipe.sequence_length):
         print(line)
     if not train_examples:
+        fixes = (["raise --sequence-length"] if report.too_long else []) + (
+            ["give rows an assistant message with an answer"] if report.no_trained_token else [])
         raise ValueError(f"No example of {data_path} fits {recipe.sequence_length} positions with a token to train "
-                         "on; raise --sequence-length, or check the rows (report above).")
+                         f"on; {' or '.join(fixes) or 'check the rows'} (report above).")
     valid_examples = None
     if held:
         valid_examples, valid_report = data.examples(kind, rows, template, tokenizer, recipe.sequence_length,
@@ -109,6 +111,9 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
     print(f"{'Packed' if recipe.packing else 'Padded'} rows of {recipe.sequence_length}: {stats['rows']} an epoch, "
           f"{stats['examples_per_row']:.2f} examples and {stats['trained_tokens_per_row']:.0f} trained tokens a row, "
           f"{stats['padding_fraction']:.1%} padding.")
+    if stats["rows"] < recipe.batch_size:  # here, before out_dir is written; the batches' own check is a backstop
+        raise ValueError(f"{stats['rows']} row(s) an epoch make no batch of {recipe.batch_size}; lower --batch-size "
+                         "or give more rows.")
 
     # 3. The run's folder: the tokenizer with the template beside it, run.json.
     meta, base = runner.run_meta(recipe, out_dir, None, merge, hf_out)
