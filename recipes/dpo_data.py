@@ -82,9 +82,9 @@ def _split(kind, row, is_conversational):
             raise ValueError(f"{side!r} is a {type(row[side]).__name__} where the file's first row makes it "
                              f"{'a list of messages' if is_conversational else 'a string'}; every row must have the "
                              "first row's form (plain strings, or conversations).")
-    if kind == "implicit" and row["chosen"] == row["rejected"]:
-        raise ValueError("chosen and rejected are the same: there is no preference to learn, and no answer to "
-                         "tell from the prompt.")
+    if row["chosen"] == row["rejected"]:  # either format: no preference to learn
+        raise ValueError("chosen and rejected are the same: there is no preference to learn"
+                         + (", and no answer to tell from the prompt." if kind == "implicit" else "."))
     if not is_conversational:
         return extract_prompt(row["chosen"], row["rejected"]) if kind == "implicit" else tuple(row[s] for s in sides)
     if kind == "implicit":

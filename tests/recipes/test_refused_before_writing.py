@@ -62,3 +62,17 @@ def test_rows_with_no_answer_ask_for_one(checkpoint, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and "give rows an assistant message with an answer" in err and "--sequence-length" not in err, err
     assert not out.exists()
+
+
+def test_identical_answers_are_refused_in_explicit_pairs_too(checkpoint):
+    """docs/dpo.md promised it for every format; only implicit pairs (whole conversations) were refused."""
+    from recipes import dpo_data
+    from zoo.chat import ChatTokenizer
+
+    tokenizer, template = ChatTokenizer.from_folder(checkpoint), ChatTemplate.of(checkpoint)
+    same = [{"role": "assistant", "content": "2."}]
+    for row in ({"prompt": "1 plus 1 is", "chosen": " 2.", "rejected": " 2."},
+                {"prompt": [question(1)], "chosen": same, "rejected": list(same)}):
+        with pytest.raises(ValueError, match=r"^Row 1: chosen and rejected are the same: there is no preference to "
+                                             r"learn\.$"):
+            dpo_data.pairs("explicit", [row], template, tokenizer, 64)
