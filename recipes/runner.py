@@ -32,6 +32,7 @@ from recipes import data as data_lib
 from recipes import distribute, optim, pretrained, state
 from recipes import vocab as vocab_lib
 from recipes.recipe import Recipe, get
+from zoo import checks
 from zoo.files import atomic_path, write_json
 from zoo.loading import ADAPTER_DIR, BASE_FILE, MODEL_FILE, TOKENIZER_DIR, base_record, load_lora_run
 
@@ -107,11 +108,7 @@ class _Intervals(keras.callbacks.Callback):
 
 def check_lengths(recipe):
     spec = recipe.spec
-    if recipe.sequence_length > spec.max_sequence_length:
-        raise ValueError(
-            f"sequence_length={recipe.sequence_length} is above {recipe.name!r}'s limit of "
-            f"{spec.max_sequence_length} positions; lower --sequence-length to at most {spec.max_sequence_length}."
-        )
+    checks.sequence_length(recipe.sequence_length, spec.max_sequence_length, recipe.name)
     if recipe.task == "masked_lm" and recipe.max_predictions > recipe.sequence_length - 2:
         raise ValueError(f"max_predictions={recipe.max_predictions} exceeds the {recipe.sequence_length - 2} "
                          "maskable positions of a row; lower max_predictions.")

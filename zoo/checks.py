@@ -11,6 +11,16 @@ def positive(name: str, value):
     return value
 
 
+def sequence_length(length: int, limit: int, model: str) -> int:
+    """`length`, refused unless it is positive and within `model`'s `limit` of positions: `zoo train` and `zoo plan`
+    (and the Python API under both) refuse the same lengths."""
+    positive("sequence_length", length)
+    if length > limit:
+        raise ValueError(f"sequence_length={length} is above {model!r}'s limit of {limit} positions; lower "
+                         f"--sequence-length to at most {limit}.")
+    return length
+
+
 def global_batch(batch_size: int, replicas: int, where: str = "") -> int:
     """The slice of a global batch each of `replicas` replicas trains, refused unless it splits
     evenly (every replica's slice has the same size). `where` names the run, e.g. " of this mirrored run"."""

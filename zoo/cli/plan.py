@@ -1,7 +1,7 @@
 """`zoo plan MODEL`: a training step's estimated memory for each configuration, the one
 `checkpointing="auto"` picks under a budget, and the largest batch each one fits."""
 
-from zoo import checks
+from zoo import checks, registry
 from zoo.memory import (
     CONFIGS,
     OPTIMIZERS,
@@ -31,6 +31,7 @@ REPLICA_FORMULA = ("per replica: the same at the per-replica batch, with the all
 
 
 def _plan(args):
+    checks.sequence_length(args.sequence_length, registry.spec(args.model).max_sequence_length, args.model)  # as train
     fused_clip = None if args.fused_clip == "none" else args.fused_clip
     batch = replicas.per_replica_batch(args.batch_size, args.replicas, args.hosts)
     budget = parse_bytes(args.budget) if args.budget else default_budget()
