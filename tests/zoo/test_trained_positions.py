@@ -116,26 +116,28 @@ def test_the_head_runs_only_on_the_chunks_that_hold_trained_positions():
     assert np.all(w.reshape(-1)[order[:count]] > 0) and not np.any(w.reshape(-1)[order[count:]])
 
 
-def test_fit_and_evaluate_give_the_full_heads_loss_metrics_and_update():
-    """`train_on_batch` and `evaluate` with the SFT weights: the same loss, accuracy and updated weights as
-    the whole logits (set_loss_chunk(0): Keras' own step), with metrics updated inside the skipped chunks' cond."""
+def test_the_models_steps_give_the_full_heads_loss_metrics_and_update():
+    """`evaluate` and `train_on_batch` with the SFT weights (DecoderCausalLM's chunked loss, trained positions
+    only, metrics updated inside the chunks' conds) give Keras' figures on the whole logits, and the SGD update
+    of the full head's gradients."""
+    model = decoder(False)
     x, y, w = chat_batch(1)
-    y[:, ::2] = np.argmax(decoder(False)(x)["logits"].numpy(), axis=-1)[:, ::2]  # accuracy about one half
-    results = {}
-    for chunk, trained_only in ((0, True), (8, True)):
-        model = decoder(False)
-        model.set_loss_chunk(chunk, trained_only=trained_only)
-        model.compile(optimizer=keras.optimizers.SGD(0.5), metrics=["accuracy"],
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        evaluated = model.evaluate(x, y, sample_weight=w, verbose=0, return_dict=True)
-        trained = model.train_on_batch(x, y, sample_weight=w, return_dict=True)
-        results[chunk, trained_only] = (evaluated, trained, [v.numpy() for v in model.trainable_variables])
-    whole, trained = results[0, True], results[8, True]
-    for figures, reference in zip(trained[:2], whole[:2]):
-        assert figures["loss"] == pytest.approx(reference["loss"], rel=1e-6)
-        assert figures["accuracy"] == pytest.approx(reference["accuracy"], abs=1e-7) and figures["accuracy"] > 0
-    for got, ref in zip(trained[2], whole[2]):
-        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
+    logits = model(x)["logits"]
+    y[:, ::2] = np.argmax(logits.numpy(), axis=-1)[:, ::2]  # accuracy about one half
+    accuracy = keras.metrics.SparseCategoricalAccuracy()
+    accuracy.update_state(y, logits, w)
+    loss, grads = every_gradient(model, x, full_head_loss(model, y, w))
+    expected = [v.numpy() - 0.5 * g for v, g in zip(model.trainable_variables, grads)]
+    model.set_loss_chunk(8)
+    model.compile(optimizer=keras.optimizers.SGD(0.5), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    assert model.loss_from_backbone() and model.loss_trained_only
+    for figures in (model.evaluate(x, y, sample_weight=w, verbose=0, return_dict=True),
+                    model.train_on_batch(x, y, sample_weight=w, return_dict=True)):
+        assert figures["loss"] == pytest.approx(loss, rel=1e-6)
+        assert figures["accuracy"] == pytest.approx(float(accuracy.result()), abs=1e-7) and figures["accuracy"] > 0
+    for v, ref in zip(model.trainable_variables, expected):
+        np.testing.assert_allclose(v.numpy(), ref, rtol=0, atol=1e-6, err_msg=v.path)
 
 
 def test_bad_input():
