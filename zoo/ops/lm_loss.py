@@ -75,7 +75,8 @@ def trained_first(weights):
     `weights` [B, S]; positions are numbered row-major (p = b * S + s). `order[j]` is the position at slot j
     (trained positions first), `rank[p]` the slot of position p (its inverse), `count` how many are trained.
     Cumulative sums and a permutation's inverse: static shapes, so tf.function, XLA and tf.distribute trace it
-    once (TRL's chunked_nll in 1.4 drops them with a boolean index, whose shape changes every batch)."""
+    once. (TRL's `chunked_nll` drops untrained positions with a boolean index, a shape that changes every batch;
+    its XLA variant, trl PR #6314, orders them trained-first with an argsort and runs the chunks that hold any.)"""
     trained = tf.reshape(tf.not_equal(weights, 0), [-1])
     ones = tf.cast(trained, tf.int32)
     count = tf.reduce_sum(ones)
