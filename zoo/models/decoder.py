@@ -67,14 +67,19 @@ class DecoderCausalLM(ZooModel):
         return {"logits": self.lm_logits(backbone_outputs["sequence_output"])}
 
     loss_chunk = None  # positions per chunk of the training loss: None = zoo.ops.lm_loss's choice, 0 = unchunked
+    loss_trained_only = True  # with sample weights, the head runs only where the weight is not 0 (chat SFT)
 
-    def set_loss_chunk(self, chunk_size=None):
+    def set_loss_chunk(self, chunk_size=None, trained_only=True):
         """How `fit` computes the causal-LM loss: over chunks of `chunk_size` positions (None:
         zoo.ops.lm_loss picks it; the default), so that the float32 [B, S, vocab] logits never
-        exist whole, or unchunked (0). Same loss, gradients and metrics either way."""
+        exist whole, or unchunked (0). `trained_only`: with sample weights (a chat's assistant
+        mask) the chunked loss runs the head only on the positions of non-zero weight (False: on
+        every position). Same loss, gradients and metrics either way."""
         if chunk_size not in (None, 0):
             check_chunk(chunk_size)
-        self.loss_chunk = chunk_size
+        if not isinstance(trained_only, bool):
+            raise ValueError(f"trained_only must be True or False, got {trained_only!r}.")
+        self.loss_chunk, self.loss_trained_only = chunk_size, trained_only
         self._drop_compiled_functions()
         return chunk_size
 
@@ -104,7 +109,8 @@ class DecoderCausalLM(ZooModel):
             return super().training_loss(backbone_outputs, x, y, sample_weight, training)
         y = y["logits"] if isinstance(y, dict) else y
         loss = chunked_lm_loss(backbone_outputs["sequence_output"], self.lm_logits, y, self.loss_chunk,
-                               sample_weight, on_chunk=self._update_metrics, gradients=training)
+                               sample_weight, on_chunk=self._update_metrics, gradients=training,
+                               trained_only=self.loss_trained_only)
         return loss, None
 
     def _update_metrics(self, labels, logits, weights):

@@ -9,7 +9,7 @@ them. Why a Python loop and why each chunk waits for the last: docs/design-notes
 import tensorflow as tf
 from tensorflow.python.eager import record
 
-from zoo.ops.ordering import after
+from zoo.ops.ordering import after, unfolded_zeros
 
 DEFAULT_LOSS_CHUNK = 512  # positions per chunk; see loss_chunk and benchmarks/lm_loss.py
 CHUNK_LOGITS_BYTES = 256 * 2**20  # a cap on one chunk's float32 logits, B * c * vocab * 4 bytes
@@ -18,6 +18,9 @@ LOGITS_COPIES = 3  # [B, c, vocab] float32 tensors alive in a chunk: logits, sof
 # the loss and its d hidden (dec-1b's head, 4 x 1024, 1 x 2048 and 8 x 512, the allocator's peak over the step's).
 FROZEN_HEAD_COPIES = 2
 FLOAT16_SCALE = 2.0**10  # see chunked_lm_loss: float16 gradients made before the loss scale is known
+# trained_only: the chunks are at most 1/TRAINED_CHUNKS of the sequence, so that the head runs on at most that
+# fraction of the positions beyond the trained ones; more chunks add a head-sized gradient sum each (full training).
+TRAINED_CHUNKS = 8
 
 
 def check_chunk(chunk_size):
@@ -66,7 +69,69 @@ def chunked_inputs(hidden, head, labels, chunk_size=None):
     return hidden, labels, head_variables, loss_chunk(hidden.shape[0] or 1, seq, vocab, chunk_size)
 
 
-def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, on_chunk=None, gradients=True):
+def trained_first(weights):
+    """(order, rank, count) that move the positions of non-zero weight to the front, in their order.
+
+    `weights` [B, S]; positions are numbered row-major (p = b * S + s). `order[j]` is the position at slot j
+    (trained positions first), `rank[p]` the slot of position p (its inverse), `count` how many are trained.
+    Cumulative sums and a permutation's inverse: static shapes, so tf.function, XLA and tf.distribute trace it
+    once. (TRL's `chunked_nll` drops untrained positions with a boolean index, a shape that changes every batch;
+    its XLA variant, trl PR #6314, orders them trained-first with an argsort and runs the chunks that hold any.)"""
+    trained = tf.reshape(tf.not_equal(weights, 0), [-1])
+    ones = tf.cast(trained, tf.int32)
+    count = tf.reduce_sum(ones)
+    rank = tf.where(trained, tf.cumsum(ones, exclusive=True), count + tf.cumsum(1 - ones, exclusive=True))
+    return tf.math.invert_permutation(rank), rank, count
+
+
+def trained_chunk(seq, chunk_size) -> int:
+    """Positions per row of a chunk when the trained positions are moved to the front: at most `chunk_size`
+    and at most 1/TRAINED_CHUNKS of the sequence, so that the head runs on at most one chunk beyond the last
+    trained position (B x this many positions: 1/TRAINED_CHUNKS of the batch)."""
+    return max(1, min(chunk_size, -(-seq // TRAINED_CHUNKS)))
+
+
+class _TrainedFirst:
+    """A [B, S, ...] tensor's positions reordered trained-first (`trained_first`), laid out again as
+    [B, S, ...] so that slot j sits at [j % B, j // B]: a chunk of c positions per row ([:, s:s + c]) holds
+    slots s * B to (s + c) * B, so chunks past the trained count can be skipped whole."""
+
+    def __init__(self, weights, seq):
+        self.order, self.rank, self.count = trained_first(weights)
+        self.seq, self.batch = seq, tf.shape(weights)[0]
+
+    def gather(self, x):
+        flat = tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], 0))
+        slots = tf.reshape(tf.gather(flat, self.order), tf.concat([[self.seq, -1], tf.shape(x)[2:]], 0))
+        return tf.transpose(slots, [1, 0, *range(2, x.shape.rank)])  # [S, B, ...] -> [B, S, ...]
+
+    def scatter(self, x):
+        """The inverse of `gather`: values at the slots -> values at the positions."""
+        slots = tf.transpose(x, [1, 0, *range(2, x.shape.rank)])
+        flat = tf.reshape(slots, tf.concat([[-1], tf.shape(x)[2:]], 0))
+        return tf.reshape(tf.gather(flat, self.rank), tf.shape(x))
+
+    def needed(self, start):
+        """Whether the chunk starting at column `start` holds a trained slot."""
+        return start * self.batch < self.count
+
+
+def _weights(sample_weight, labels):
+    """[B, S] float32 weights of Keras' forms ([B, S], [B, 1], [B]), or None; a clear error for other shapes."""
+    if sample_weight is None:
+        return None
+    weights = tf.cast(sample_weight, tf.float32)
+    if weights.shape.rank == 1:  # one weight per row, as Keras' losses take it
+        weights = weights[:, None]
+    static = labels.shape
+    if weights.shape.rank != 2 or any(w not in (None, 1, n) and n is not None for w, n in zip(weights.shape, static)):
+        raise ValueError(f"sample_weight must be [B, S] like the labels ({static}), [B, 1] or [B]; got "
+                         f"{sample_weight.shape}. Pass one weight per label position (0 where nothing is trained).")
+    return tf.broadcast_to(weights, tf.shape(labels))
+
+
+def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, on_chunk=None, gradients=True,
+                    trained_only=True):
     """Mean token cross-entropy of `head(hidden)` against `labels`, a chunk of positions at a time.
 
     Args:
@@ -75,12 +140,17 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, o
             `DecoderCausalLM.lm_logits`; the trainable variables it reads get gradients.
         labels: int [B, S] target token ids.
         chunk_size: positions per chunk; None: `loss_chunk`'s choice.
-        sample_weight: optional [B, S] (or [B, 1]) weights with Keras' "sum_over_batch_size":
+        sample_weight: optional [B, S] (or [B, 1], [B]) weights with Keras' "sum_over_batch_size":
             sum(loss * w) / (B * S), divided by the replicas under a tf.distribute strategy.
         on_chunk: optional `f(labels, logits, weights)` called with each chunk's [B, c] labels,
             float32 [B, c, vocab] logits and [B, c] weights (or None), e.g. to update metrics; the
             tensors it returns are done before the next chunk starts.
         gradients: False (evaluation) makes each chunk's loss only, with no gradient.
+        trained_only: with `sample_weight`, the head runs only where the weight is not 0 (a chat's
+            assistant tokens: prompt, system and padding positions are dropped before the head): the
+            positions are reordered trained-first and the chunks past the last trained one are skipped
+            (`trained_first`). Same loss and gradients: the skipped terms are multiplied by 0. False:
+            every position, as without weights.
 
     Returns:
         A float32 scalar, differentiable w.r.t. `hidden` and the head's variables.
@@ -92,24 +162,41 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, o
     seq = hidden.shape[1]
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     scale = tf.math.divide_no_nan(1.0, tf.cast(tf.shape(hidden)[0] * seq * replicas, tf.float32))
-    weights = None
-    if sample_weight is not None:
-        weights = tf.cast(sample_weight, tf.float32)
-        if weights.shape.rank == 1:  # one weight per row, as Keras' losses take it
-            weights = weights[:, None]
-        weights = tf.broadcast_to(weights, tf.shape(labels))
+    weights = _weights(sample_weight, labels)
+    reordered = None
+    if weights is not None and trained_only:
+        reordered = _TrainedFirst(weights, seq)
+        labels, weights = reordered.gather(labels), reordered.gather(weights)
+        c = trained_chunk(seq, c)
+
+    def in_slots(h):
+        return h if reordered is None else reordered.gather(h)
+
+    def pieces(start):
+        return labels[:, start:start + c], None if weights is None else weights[:, start:start + c]
+
+    def in_turn(start, run, skip, state):
+        """`run(state)`, or where the chunk holds no trained slot `skip(state)` (a cond: nothing computed)."""
+        if reordered is None or start == 0:  # the first chunk always runs: it starts the accumulators
+            return run(state)
+        return tf.cond(reordered.needed(start), lambda: run(state), lambda: skip(state))
+
+    def metrics_done(total, labels_i, logits, weights_i):
+        seen = tuple(on_chunk(labels_i, logits, weights_i) or ()) if on_chunk is not None else ()
+        return after(total, *seen)  # the next chunk (which waits for the total) starts once they are done
 
     if not gradients:  # evaluation: the same chunks, one after another, and no gradient made
-        total, previous = tf.constant(0.0), ()
+        total, slots = tf.constant(0.0), in_slots(hidden)
         for start in range(0, seq, c):
-            h_i = after(hidden[:, start:start + c], *previous)
-            logits = tf.cast(head(h_i), tf.float32)
-            labels_i = labels[:, start:start + c]
-            weights_i = None if weights is None else weights[:, start:start + c]
-            per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels_i, logits=logits)
-            total += tf.reduce_sum(per if weights_i is None else per * weights_i)
-            seen = tuple(on_chunk(labels_i, logits, weights_i) or ()) if on_chunk is not None else ()
-            previous = (total, *seen)
+            def run(total, start=start):
+                h_i = after(slots[:, start:start + c], total)
+                labels_i, weights_i = pieces(start)
+                logits = tf.cast(head(h_i), tf.float32)
+                per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels_i, logits=logits)
+                total += tf.reduce_sum(per if weights_i is None else per * weights_i)
+                return metrics_done(total, labels_i, logits, weights_i)
+
+            total = in_turn(start, run, lambda total: total, total)
         return total * scale
 
     # The chunks' gradients are made in the forward pass, before Keras' loss scale is known. In
@@ -119,28 +206,39 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, o
 
     @tf.custom_gradient
     def loss_fn(h):
-        total, d_chunks, d_vars = tf.constant(0.0), [], None  # the first chunk's gradients start the sums
-        previous = ()
+        h = in_slots(h)  # d hidden is made here in the slots' order and put back in place below
+        state = (tf.constant(0.0), None, [])  # the first chunk's gradients start the sums of the head's
+        d_chunks = []
         for start in range(0, seq, c):
-            h_i = after(h[:, start:start + c], *previous)
-            # The head's weight reads (and casts) wait for the chunk too, or every chunk's would be made at once.
-            with tf.GradientTape(watch_accessed_variables=False) as tape, tf.control_dependencies([h_i]):
-                tape.watch(h_i)
-                tape.watch(head_variables)
-                logits = tf.cast(head(h_i), tf.float32)
-                labels_i = labels[:, start:start + c]
-                weights_i = None if weights is None else weights[:, start:start + c]
-                per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels_i, logits=logits)
-                chunk = tf.reduce_sum(per if weights_i is None else per * weights_i)
-                scaled = chunk * (scale * inner)
-            d_h, *grads = tape.gradient(scaled, [h_i, *head_variables], unconnected_gradients="zero")
-            seen = tuple(on_chunk(labels_i, logits, weights_i) or ()) if on_chunk is not None else ()
-            grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
-            d_vars = grads if d_vars is None else [acc + g for acc, g in zip(d_vars, grads)]
-            total += chunk
-            d_chunks.append(d_h)
-            previous = (d_h, total, *d_vars, *seen)  # the next chunk starts once this one is done
+            def run(state, start=start):
+                total, previous_d_h, d_vars = state
+                h_i = after(h[:, start:start + c], total, *([] if previous_d_h is None else [previous_d_h]),
+                            *d_vars)
+                labels_i, weights_i = pieces(start)
+                # The head's weight reads (and casts) wait for the chunk too, or every chunk's would be made at once.
+                with tf.GradientTape(watch_accessed_variables=False) as tape, tf.control_dependencies([h_i]):
+                    tape.watch(h_i)
+                    tape.watch(head_variables)
+                    logits = tf.cast(head(h_i), tf.float32)
+                    per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels_i, logits=logits)
+                    chunk = tf.reduce_sum(per if weights_i is None else per * weights_i)
+                    scaled = chunk * (scale * inner)
+                d_h, *grads = tape.gradient(scaled, [h_i, *head_variables], unconnected_gradients="zero")
+                grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
+                d_vars = grads if not d_vars else [acc + g for acc, g in zip(d_vars, grads)]
+                return metrics_done(total + chunk, labels_i, logits, weights_i), d_h, d_vars
+
+            def skip(state, start=start):
+                total, _, d_vars = state
+                h_i = h[:, start:start + c]
+                return total, unfolded_zeros(tf.shape(h_i), h_i.dtype, total), d_vars
+
+            state = in_turn(start, run, skip, state)
+            d_chunks.append(state[1])
+        total, _, d_vars = state
         d_hidden = tf.concat(d_chunks, axis=1)
+        if reordered is not None:
+            d_hidden = reordered.scatter(d_hidden)  # back to the positions (those never trained get 0)
 
         def grad(d_loss, variables=None):  # `variables`: every variable the forward read (tf.custom_gradient)
             d_loss = tf.cast(d_loss, tf.float32) / inner
