@@ -24,6 +24,12 @@ def folder(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def model(folder):
+    """The folder's model as `zoo generate` loads it, loaded once for the references."""
+    return zoo.loading.load(str(folder))
+
+
 def zoo_cli(capsys, *args):
     """`zoo ARGS` in this process (`python -m zoo.cli` itself: test_memory.test_cli_runs_as_a_module)."""
     from zoo.cli import main
@@ -35,10 +41,11 @@ def zoo_cli(capsys, *args):
     return out
 
 
-def test_generate_streams_what_generate_returns(folder, capsys):
-    model = zoo.loading.load(str(folder))
+def test_generate_streams_what_generate_returns(folder, model, capsys):
+    """Streamed, and batched (the compiled loop, in the CLI), the texts `generate` returns (run eagerly here:
+    test_generation_batch.py shows the eager loop equals the compiled one)."""
     prompts = ["the cat", "a dog sat"]
-    expected = [generate(model, p, max_new_tokens=6, stop_token_ids=[0]) for p in prompts]
+    expected = [generate(model, p, max_new_tokens=6, stop_token_ids=[0], compile=False) for p in prompts]
     streamed = zoo_cli(capsys, "generate", str(folder), *prompts, "--max-new-tokens", "6").splitlines()
     assert streamed == expected
     batched = json.loads(zoo_cli(capsys, "generate", str(folder), *prompts, "--max-new-tokens", "6", "--batch"))
@@ -54,7 +61,7 @@ def test_generate_refuses_an_encoder(tmp_path, capsys):
     assert "causal_lm" in capsys.readouterr().err
 
 
-def test_tflite_export_and_generate(folder, tmp_path, capsys):
+def test_tflite_export_and_generate(folder, model, tmp_path, capsys):
     """`zoo export --format tflite --generate` writes the prefill/decode file and `zoo generate
     --tflite` runs it: the texts `generate` returns (greedy, stopping at <|endoftext|>), in process."""
     from zoo.cli import main
@@ -66,18 +73,16 @@ def test_tflite_export_and_generate(folder, tmp_path, capsys):
     prompts = ["the cat", "a dog sat"]
     assert main(["generate", "--tflite", str(path), "--tokenizer", str(folder), *prompts,
                  "--max-new-tokens", "6"]) == 0
-    model = zoo.loading.load(str(folder))
     expected = [generate(model, p, max_new_tokens=6, stop_token_ids=[0], compile=False) for p in prompts]
     assert capsys.readouterr().out.splitlines() == expected
 
 
-def test_gguf_export(folder, tmp_path, capsys):
+def test_gguf_export(folder, model, tmp_path, capsys):
     """`zoo export --format gguf`: the file zoo.hub.write_gguf writes, in the asked file type."""
     import gguf
 
     from zoo.cli import main
 
-    model = zoo.loading.load(str(folder))
     for quantize, file_type in ((None, gguf.LlamaFileType.MOSTLY_Q8_0), ("f16", gguf.LlamaFileType.MOSTLY_F16)):
         path = tmp_path / f"{quantize}.gguf"
         assert main(["export", str(folder), "--format", "gguf", "-o", str(path)]

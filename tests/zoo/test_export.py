@@ -22,8 +22,8 @@ from zoo.export import convert, tflite_file
 
 TINY = dict(num_layers=2, hidden_dim=64, num_heads=4, intermediate_dim=128, vocab_size=120, max_sequence_length=32)
 FAMILIES = {
-    "bert": lambda **kw: zoo.get("enc-base", task="classifier", num_classes=3, **TINY, **kw),
-    "llama": lambda **kw: zoo.get("dec-base", num_kv_heads=2, **TINY, **kw),
+    "bert": lambda **kw: zoo.get("enc-base", task="classifier", num_classes=3, **dict(TINY, **kw)),
+    "llama": lambda **kw: zoo.get("dec-base", num_kv_heads=2, **dict(TINY, **kw)),
 }
 OUTPUTS = {"bert": ["logits", "pooled_output", "sequence_output"], "llama": ["next_token_logits"]}
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far", "away", "##s", "##ing", "a", "big", "red", "sun"]
@@ -76,27 +76,40 @@ def predict_request(name, signature, arrays):
 
 
 FRESH_PROCESS = textwrap.dedent("""
-    import sys, numpy as np, tensorflow as tf
-    if TEXT:
-        import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
-    loaded = tf.saved_model.load(PATH)
-    results = {}
-    for name, inputs in np.load(INPUTS, allow_pickle=False).items():
-        signature, _, key = name.partition("/")
-        results.setdefault(signature, {})[key] = inputs
-    out = {}
-    for signature, inputs in results.items():
-        for key, value in loaded.signatures[signature](**{k: tf.constant(v) for k, v in inputs.items()}).items():
-            out[signature + "/" + key] = value.numpy()
-    too_long = {k: tf.ones([1, LIMIT + 1], tf.int32) for k in results["serving_default"]}
-    try:
-        loaded.signatures["serving_default"](**too_long)
-        error = ""
-    except tf.errors.InvalidArgumentError as e:
-        error = e.message
-    np.savez(OUTPUTS, **out)
+    import contextlib, io, json, sys, numpy as np, tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
+    report = {}
+    for family, path in PATHS.items():
+        loaded = tf.saved_model.load(path)
+        results = {}
+        for name, inputs in np.load(f"{TMP}/{family}-inputs.npz", allow_pickle=False).items():
+            signature, _, key = name.partition("/")
+            results.setdefault(signature, {})[key] = inputs
+        out = {}
+        for signature, inputs in results.items():
+            for key, value in loaded.signatures[signature](**{k: tf.constant(v) for k, v in inputs.items()}).items():
+                out[signature + "/" + key] = value.numpy()
+        too_long = {k: tf.ones([1, LIMIT + 1], tf.int32) for k in results["serving_default"]}
+        try:
+            loaded.signatures["serving_default"](**too_long)
+            error = ""
+        except tf.errors.InvalidArgumentError as e:
+            error = e.message
+        np.savez(f"{TMP}/{family}-outputs.npz", **out)
+        report[family] = {"error": error}
     imported = any(m.split(".")[0] in ("zoo", "keras_hub") for m in sys.modules)
-    print(json.dumps({"error": error, "zoo_imported": imported}))
+    # `saved_model_cli show --all DIR` for each export: the console script's main, here rather than in a
+    # process of its own per export (each would import TensorFlow again)
+    from tensorflow.python.tools import saved_model_cli
+    for family, path in PATHS.items():
+        sys.argv, shown = ["saved_model_cli", "show", "--dir", path, "--all"], io.StringIO()
+        with contextlib.redirect_stdout(shown):
+            try:
+                saved_model_cli.main()
+            except SystemExit as done:
+                assert not done.code, done.code
+        report[family]["saved_model_cli"] = shown.getvalue()
+    print(json.dumps({"zoo_imported": imported, "families": report}))
 """)
 
 
@@ -107,44 +120,49 @@ def tokenizer():
     return WordPieceTokenizer(vocabulary=VOCAB, lowercase=True)
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
-def served(request, tmp_path_factory, tokenizer):
-    """A tiny model of one family, its SavedModel, TF Serving requests for every signature,
-    and what a fresh TensorFlow-only process returns for them."""
-    family = request.param
-    keras.utils.set_random_seed(0)
-    model = FAMILIES[family]()
-    tmp = tmp_path_factory.mktemp(family)
-    # generate=False: the decoder's generate signatures are tested in test_export_generate.py (~1 min to trace)
-    path = export.saved_model(model, tmp / "model", sequence_length=SEQ + 4, tokenizer=tokenizer, generate=False)
-    signatures, _ = signature_defs(path)
-    batch = batch_for(model)
-    arrays = {"serving_default": batch, export.TEXT_SIGNATURE: {"text": np.array(TEXTS, dtype=object)}}
-    requests = {name: predict_request(name, signatures[name], arrays[name]) for name in arrays}
-    flat = {f"{name}/{key}": tf.make_ndarray(tensor)
-            for name, r in requests.items() for key, tensor in r.inputs.items()}
-    flat = {k: v.astype(bytes) if v.dtype == object else v for k, v in flat.items()}  # strings, without pickle
-    np.savez(tmp / "inputs.npz", **flat)
-    script = (f"import json\nPATH, INPUTS, OUTPUTS, LIMIT, TEXT = {str(path)!r}, {str(tmp / 'inputs.npz')!r}, "
-              f"{str(tmp / 'outputs.npz')!r}, {SEQ + 4}, True\n" + FRESH_PROCESS)
+@pytest.fixture(scope="module")
+def served_families(tmp_path_factory, tokenizer):
+    """Per family: a tiny model, its SavedModel, TF Serving requests for every signature, and what
+    one fresh TensorFlow-only process (for both families: each process imports TensorFlow anew)
+    returned for them, with `saved_model_cli show --all` of the export."""
+    tmp, served, paths = tmp_path_factory.mktemp("served"), {}, {}
+    for family in sorted(FAMILIES):
+        keras.utils.set_random_seed(0)
+        model = FAMILIES[family]()
+        # generate=False: the decoder's generate signatures are tested in test_export_generate.py (~1 min to trace)
+        path = export.saved_model(model, tmp / family, sequence_length=SEQ + 4, tokenizer=tokenizer, generate=False)
+        signatures, _ = signature_defs(path)
+        batch = batch_for(model)
+        arrays = {"serving_default": batch, export.TEXT_SIGNATURE: {"text": np.array(TEXTS, dtype=object)}}
+        requests = {name: predict_request(name, signatures[name], arrays[name]) for name in arrays}
+        flat = {f"{name}/{key}": tf.make_ndarray(tensor)
+                for name, r in requests.items() for key, tensor in r.inputs.items()}
+        flat = {k: v.astype(bytes) if v.dtype == object else v for k, v in flat.items()}  # strings, without pickle
+        np.savez(tmp / f"{family}-inputs.npz", **flat)
+        paths[family] = str(path)
+        served[family] = {"family": family, "model": model, "path": path, "batch": batch, "signatures": signatures,
+                          "requests": requests}
+    script = f"import json\nPATHS, TMP, LIMIT = {paths!r}, {str(tmp)!r}, {SEQ + 4}\n" + FRESH_PROCESS
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("PYTHONPATH", None)  # the fresh process must not see the project
-    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    fresh = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp,
+                           timeout=300)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    info = json.loads(fresh.stdout.strip().splitlines()[-1])
+    for family, entry in served.items():
+        outputs = collections.defaultdict(dict)
+        for name, value in np.load(tmp / f"{family}-outputs.npz").items():
+            signature, _, key = name.partition("/")
+            outputs[signature][key] = value
+        entry.update(outputs=outputs, saved_model_cli=info["families"][family].pop("saved_model_cli"),
+                     info={"zoo_imported": info["zoo_imported"], **info["families"][family]})
+    return served
 
-    def run(args):
-        return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
 
-    fresh, shown = run([sys.executable, "-c", script]), run([cli, "show", "--dir", str(path), "--all"])
-    (out, err), (cli_out, cli_err) = fresh.communicate(timeout=300), shown.communicate(timeout=300)
-    assert fresh.returncode == 0, err[-3000:]
-    assert shown.returncode == 0, cli_err[-3000:]
-    info = json.loads(out.strip().splitlines()[-1])
-    outputs = collections.defaultdict(dict)
-    for name, value in np.load(tmp / "outputs.npz").items():
-        signature, _, key = name.partition("/")
-        outputs[signature][key] = value
-    return {"family": family, "model": model, "path": path, "batch": batch, "outputs": outputs, "info": info,
-            "signatures": signatures, "requests": requests, "saved_model_cli": cli_out}
+@pytest.fixture(params=sorted(FAMILIES))
+def served(request, served_families):
+    """One family's entry of `served_families`."""
+    return served_families[request.param]
 
 
 def test_fresh_tensorflow_process_matches_keras(served):
@@ -190,7 +208,7 @@ def test_weights_are_stored_once(served):
 
 
 def test_saved_model_cli_lists_signatures(served):
-    text = served["saved_model_cli"]  # `saved_model_cli show --all`, run next to the fresh process
+    text = served["saved_model_cli"]  # `saved_model_cli show --all`, run by the fresh process
     assert "signature_def['serving_default']" in text and "signature_def['text']" in text
     for name in served["model"].input:
         assert f"inputs['{name}'] tensor_info:\n        dtype: DT_INT32\n        shape: (-1, -1)" in text
@@ -203,8 +221,11 @@ def test_saved_model_cli_lists_signatures(served):
         assert f"outputs['{name}'] tensor_info:\n        dtype: DT_FLOAT\n        shape: {shape}" in text
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-@pytest.mark.parametrize("quantize, tolerance", [(None, 1e-5), ("float16", 5e-3), ("int8", 5e-2)])
+# Each family in float32 (its serving graph, exact to 1e-5), and each quantization once: the converter's
+# float16 and int8 options apply to the whole graph alike whatever the family (the int8 decoder files of
+# test_export_litert.py and test_export_stand_in.py quantize decoders again).
+@pytest.mark.parametrize("family, quantize, tolerance", [
+    ("bert", None, 1e-5), ("llama", None, 1e-5), ("bert", "float16", 5e-3), ("llama", "int8", 5e-2)])
 def test_tflite_parity(family, quantize, tolerance, tmp_path):
     keras.utils.set_random_seed(0)
     model = FAMILIES[family]()
@@ -263,8 +284,9 @@ def test_checkpointed_model_exports_the_same_graph(tmp_path):
     graph of a model without recomputation: the same ops, no recompute wrapper, the
     same outputs."""
     keras.utils.set_random_seed(0)
-    plain = FAMILIES["bert"]()
-    checkpointed = FAMILIES["bert"](checkpointing="full")
+    one_block = dict(num_layers=1)  # the recompute wrapper is per block: one shows it, in half the tracing
+    plain = FAMILIES["bert"](**one_block)
+    checkpointed = FAMILIES["bert"](checkpointing="full", **one_block)
     checkpointed.set_weights(plain.get_weights())
     a = export.saved_model(plain, tmp_path / "plain")
     ops_a, _ = op_types(a)
@@ -284,8 +306,10 @@ def test_checkpointed_model_exports_the_same_graph(tmp_path):
 # Bad input ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def encoder():
+    """One block: these tests are about files, options and the CLI, which no block count changes, and each
+    of their exports traces (and converts) every block."""
     keras.utils.set_random_seed(0)
-    return FAMILIES["bert"]()
+    return FAMILIES["bert"](num_layers=1)
 
 
 def test_existing_path_is_not_overwritten(encoder, tmp_path):
