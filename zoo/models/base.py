@@ -236,6 +236,8 @@ class ZooModel(keras.Model):
         for attr in ("train_function", "test_function", "predict_function"):
             if hasattr(self, attr):
                 setattr(self, attr, None)
+        # zoo.generation's traced decode loops too: they would keep generating with the old core or policy
+        self.__dict__.pop("_zoo_generate", None)
 
     def __call__(self, inputs, *args, **kwargs):
         return super().__call__(self.complete_inputs(inputs), *args, **kwargs)
