@@ -1,8 +1,9 @@
 """Preference tuning runs (`zoo train --recipe dpo`): a LoRA run whose reference is its base (adapters off),
 logging TRL's metrics and writing a PEFT adapter; a full run whose reference is scored once before training
-and stored with the run, killed with SIGKILL and resumed bitwise from that store; a resumed run that lost its
-store refused with the fix. The checkpoint is the SFT tests' tiny Llama with the chat fixtures' tokenizer and
-Qwen2.5-style template; the pairs are made here (chosen: the right sum, rejected: a wrong one)."""
+and stored with the run, interrupted inside a checkpoint write (in-process; the real SIGKILL: test_resume.py)
+and resumed bitwise from that store; a resumed run that lost its store refused with the fix. The checkpoint is
+the SFT tests' tiny Llama with the chat fixtures' tokenizer and Qwen2.5-style template; the pairs are made here
+(chosen: the right sum, rejected: a wrong one)."""
 
 import json
 import random
@@ -14,7 +15,7 @@ import recipes
 import zoo
 from recipes import dpo, dpo_data
 from tests.common import TINY_DEC
-from tests.recipes.test_resume import final_state, run_killed_at_step_4
+from tests.recipes.test_resume import final_state, run_interrupted_at_step_4
 from tests.recipes.test_sft import checkpoint, write_jsonl  # noqa: F401 (a fixture)
 from zoo.chat import ChatTemplate, ChatTokenizer
 
@@ -63,8 +64,8 @@ def test_a_lora_run_references_its_base_logs_trls_metrics_and_writes_an_adapter(
     assert (tmp_path / "hf" / "adapter_config.json").is_file() and (tmp_path / "hf" / "tokenizer.json").is_file()
 
 
-def test_a_full_run_stores_its_reference_and_resumes_bitwise_after_sigkill(checkpoint, starting, tmp_path,  # noqa: F811
-                                                                          capsys):
+def test_a_full_run_stores_its_reference_and_resumes_bitwise_after_an_interruption(checkpoint, starting,  # noqa: F811
+                                                                                    tmp_path, capsys):
     data = write_jsonl(tmp_path / "pairs.jsonl", sums())
     recipe = make_recipe(checkpoint)
     recipes.run(recipe, str(data), str(tmp_path / "straight"), verbose=0)
@@ -74,7 +75,7 @@ def test_a_full_run_stores_its_reference_and_resumes_bitwise_after_sigkill(check
         np.testing.assert_allclose(stored["train"], starting[1], rtol=1e-6)
 
     killed = tmp_path / "killed"
-    run_killed_at_step_4(recipe, str(data), killed)
+    run_interrupted_at_step_4(lambda: recipes.run(recipe, str(data), str(killed), verbose=0), killed)
     capsys.readouterr()
     resumed = recipes.run(recipe, str(data), str(killed), verbose=0)
     out = capsys.readouterr().out

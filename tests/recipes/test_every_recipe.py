@@ -125,6 +125,7 @@ def test_recipe_takes_a_step(name, checkpoint, batches):
     recipe = shrunk(name, checkpoint)
     keras.utils.set_random_seed(0)
     model = recipes.build(recipe)
+    assert model.checkpointing == recipe.checkpointing  # its policy's run on real text: test_recipes.py
     batch = batches(recipe, model)
     before = [v.numpy().copy() for v in model.trainable_variables]
     x, y, *weights = batch
