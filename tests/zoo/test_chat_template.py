@@ -4,7 +4,8 @@
 For each template the masks are checked twice: through the template as the checkpoint ships it
 (no generation tags: zoo finds the spans with markers) and through its tagged twin (zoo reads the
 `{% generation %}` spans), both against transformers' masks from the tagged one. The stock templates of
-twelve checkpoints are checked in test_chat_stock.py.
+eleven checkpoints are checked in test_chat_stock.py, and SmolLM2's, read from its real GGUF, in
+test_hub_real.py (on the folder that module converts once).
 """
 
 import json
@@ -13,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import zoo
 from zoo.chat import ChatTemplate, ChatTemplateError, ChatTokenizer
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "chat"
@@ -28,13 +28,6 @@ def fixture(name):
 @pytest.fixture(scope="module")
 def small_tokenizer():
     return ChatTokenizer.from_folder(FIXTURES)
-
-
-@pytest.fixture(scope="module")
-def smollm2(asset, tmp_path_factory):
-    """The real SmolLM2-135M-Instruct GGUF, converted by zoo: its tokenizer and chat template."""
-    folder = zoo.hub.convert_gguf(asset("smollm2"), tmp_path_factory.mktemp("smollm2") / "hf")
-    return ChatTokenizer.from_folder(folder), folder, asset("smollm2")
 
 
 def check_template(data, tokenizer, template_source, tagged):
@@ -64,16 +57,6 @@ def check_template(data, tokenizer, template_source, tagged):
 def test_ids_and_masks_equal_transformers(name, tagged, small_tokenizer):
     data = fixture(name)
     check_template(data, small_tokenizer, data["template_with_generation" if tagged else "template"], tagged)
-
-
-@pytest.mark.parametrize("tagged", [False, True], ids=["markers", "generation-tags"])
-def test_smollm2_from_its_gguf_equals_transformers(tagged, smollm2):
-    tokenizer, folder, gguf_path = smollm2
-    data = fixture("smollm2")
-    # the template zoo reads from the converted folder and from the GGUF is the one transformers read
-    assert ChatTemplate.find(folder).source == data["template"] == ChatTemplate.find(gguf_path).source
-    assert ChatTemplate.find(folder).special_tokens == data["special_tokens"]
-    check_template(data, tokenizer, data["template_with_generation" if tagged else "template"], tagged)
 
 
 def test_a_template_that_raises_is_a_clear_error():

@@ -82,11 +82,45 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """`saved(family, task, **kw)` -> (model, folder): a CASES model with random weights, built and saved once
+    for the module (building is most of a tiny model's cost). Tests only read both; one that edits a
+    folder edits a copy (`copied`)."""
+    root, cache = tmp_path_factory.mktemp("saved"), {}
+
+    def get(family, task, **kw):
+        key = (family, task, json.dumps(kw, sort_keys=True))
+        if key not in cache:
+            model = randomise((bert if family == "bert" else llama)(task, **kw), seed=len(cache))
+            cache[key] = model, hub.save(model, root / str(len(cache)))
+        return cache[key]
+
+    return get
+
+
+def copied(folder, to):
+    """A copy of a shared folder, for a test that edits one."""
+    return Path(shutil.copytree(folder, to))
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """`loaded(name)` -> the model hub.load reads from FIXTURES/name, once for the module; tests only read it."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = hub.load(FIXTURES / name)
+        return cache[name]
+
+    return get
+
+
 @pytest.mark.parametrize("family,task,kw", CASES, ids=lambda c: str(c))
-def test_round_trip_is_bit_exact(tmp_path, family, task, kw):
-    model = randomise((bert if family == "bert" else llama)(task, **kw))
-    hub.save(model, tmp_path / "out")
-    loaded = hub.load(tmp_path / "out")
+def test_round_trip_is_bit_exact(saved, family, task, kw):
+    model, folder = saved(family, task, **kw)
+    loaded = hub.load(folder)
     assert type(loaded) is type(model) and loaded.spec.replace(description="") == model.spec.replace(description="")
     assert_same_weights(model, loaded)
     x = inputs(model)
@@ -94,7 +128,7 @@ def test_round_trip_is_bit_exact(tmp_path, family, task, kw):
         np.testing.assert_array_equal(np.asarray(value), np.asarray(loaded(x)[key]))
 
 
-def test_bert_names_and_shapes_are_transformers(tmp_path):
+def test_bert_names_and_shapes_are_transformers(saved):
     """The tensors transformers' BertForMaskedLM / BertForSequenceClassification / BertModel hold."""
     h, f, v = 32, 64, 120
     layer = {
@@ -126,13 +160,13 @@ def test_bert_names_and_shapes_are_transformers(tmp_path):
                        "BertForSequenceClassification"),
     }
     for task, (names, arch) in expected.items():
-        folder = hub.save(bert(task, **({"num_classes": 3} if task == "classifier" else {})), tmp_path / task)
+        _, folder = saved("bert", task, **({"num_classes": 3} if task == "classifier" else {}))
         assert keys_and_shapes(folder) == names
         config = json.loads((folder / "config.json").read_text())
         assert config["architectures"] == [arch] and config["hidden_act"] == "gelu"
 
 
-def test_llama_names_and_shapes_are_transformers(tmp_path):
+def test_llama_names_and_shapes_are_transformers(saved):
     h, f, v, kv = 32, 64, 150, 2 * 8
     layer = {"self_attn.q_proj.weight": (h, h), "self_attn.k_proj.weight": (kv, h),
              "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, h),
@@ -140,27 +174,25 @@ def test_llama_names_and_shapes_are_transformers(tmp_path):
              "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,)}
     names = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
     names.update({f"model.layers.{i}.{k}": s for i in range(2) for k, s in layer.items()})
-    folder = hub.save(llama(), tmp_path / "tied")
+    _, folder = saved("llama", "causal_lm")
     assert keys_and_shapes(folder) == names
-    folder = hub.save(llama(tie_embeddings=False), tmp_path / "untied")
+    _, folder = saved("llama", "causal_lm", tie_embeddings=False)
     assert keys_and_shapes(folder) == {**names, "lm_head.weight": (v, h)}
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] is False
     assert (config["num_key_value_heads"], config["head_dim"]) == (2, 8)
 
 
-def test_keras_hub_reads_what_zoo_writes(tmp_path):
+def test_keras_hub_reads_what_zoo_writes(saved):
     """An independent loader (keras-hub's Hugging Face converters) gets the same outputs."""
-    model = randomise(bert())
-    folder = hub.save(model, tmp_path / "bert")
+    model, folder = saved("bert", "backbone")
     reference = exact_gelu(keras_hub.models.BertBackbone.from_preset(str(folder)))
     x = inputs(model)
     ours, theirs = model(x), reference(x)
     np.testing.assert_allclose(ours["sequence_output"], theirs["sequence_output"], atol=1e-5)
     np.testing.assert_allclose(ours["pooled_output"], theirs["pooled_output"], atol=1e-5)
 
-    model = randomise(llama(tie_embeddings=False), seed=1)
-    folder = hub.save(model, tmp_path / "llama")
+    model, folder = saved("llama", "causal_lm", tie_embeddings=False)
     reference = keras_hub.models.Llama3Backbone.from_preset(
         str(folder), layer_norm_epsilon=model.spec.layer_norm_epsilon)
     x = inputs(model)
@@ -169,13 +201,13 @@ def test_keras_hub_reads_what_zoo_writes(tmp_path):
     np.testing.assert_allclose(model(x)["logits"], logits, atol=1e-4)
 
 
-def test_bfloat16_checkpoints_load_and_save(tmp_path):
+def test_bfloat16_checkpoints_load_and_save(saved, tmp_path):
     """Hub checkpoints are often bfloat16: they load into float32 variables (exactly, bf16 ⊂ f32),
     and a bfloat16 model saves BF16 tensors that round-trip bit-exactly."""
     import ml_dtypes
 
-    model = randomise(llama())
-    folder = hub.save(model, tmp_path / "f32")
+    model, folder = saved("llama", "causal_lm")
+    folder = copied(folder, tmp_path / "f32")
     _edit(folder, lambda t: t.update({k: v.astype(ml_dtypes.bfloat16) for k, v in t.items()}))
     loaded = hub.load(folder)
     for a, b in zip(model.weights, loaded.weights):
@@ -187,8 +219,8 @@ def test_bfloat16_checkpoints_load_and_save(tmp_path):
     assert_same_weights(half, again)
 
 
-def test_sharded_checkpoint_with_index(tmp_path):
-    model = randomise(llama(tie_embeddings=False))
+def test_sharded_checkpoint_with_index(saved, tmp_path):
+    model, _ = saved("llama", "causal_lm", tie_embeddings=False)
     folder = hub.save(model, tmp_path / "sharded", max_shard_size=20_000)
     shards = sorted(p.name for p in folder.glob("model-*.safetensors"))
     assert len(shards) > 2 and not (folder / "model.safetensors").exists()
@@ -199,25 +231,28 @@ def test_sharded_checkpoint_with_index(tmp_path):
 
 def test_loading_streams_one_tensor_at_a_time(tmp_path):
     """Extra memory while loading is about one tensor, not the checkpoint."""
-    model = bert(num_layers=4, hidden_dim=128, intermediate_dim=512, vocab_size=2000, max_sequence_length=128)
-    folder = hub.save(randomise(model), tmp_path / "m")
+    model = randomise(bert(num_layers=4, hidden_dim=128, intermediate_dim=512, vocab_size=2000,
+                           max_sequence_length=128))
+    folder = hub.save(model, tmp_path / "m")
+    saved_values = [v.numpy() for v in model.weights]
+    randomise(model, seed=1)  # the same model as the target: loading must bring every saved value back
     total = sum(np.prod(v.shape) * 4 for v in model.weights)
     largest = max(np.prod(v.shape) * 4 for v in model.weights)
-    target = bert(num_layers=4, hidden_dim=128, intermediate_dim=512, vocab_size=2000, max_sequence_length=128)
     tracemalloc.start()
     try:
-        hub.load_weights(target, folder)
+        hub.load_weights(model, folder)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert_same_weights(model, target)
+    for v, value in zip(model.weights, saved_values):
+        np.testing.assert_array_equal(v.numpy(), value, err_msg=v.path)
     assert peak < 3 * largest < total, (peak, largest, total)
 
 
-def test_prefixes_and_legacy_layernorm_names_load(tmp_path):
+def test_prefixes_and_legacy_layernorm_names_load(saved, tmp_path):
     """`bert.`-prefixed BertModel weights and TF-era LayerNorm gamma/beta names load the same."""
-    model = randomise(bert())
-    folder = hub.save(model, tmp_path / "plain")
+    model, folder = saved("bert", "backbone")
+    folder = copied(folder, tmp_path / "legacy")
     with safe_open(folder / "model.safetensors", framework="numpy") as f:
         legacy = {"LayerNorm.weight": "LayerNorm.gamma", "LayerNorm.bias": "LayerNorm.beta"}
         tensors = {}
@@ -231,17 +266,15 @@ def test_prefixes_and_legacy_layernorm_names_load(tmp_path):
     assert_same_weights(model, hub.load(folder))
 
 
-def test_new_head_on_a_bare_backbone_checkpoint(tmp_path, caplog):
+def test_new_head_on_a_bare_backbone_checkpoint(saved, caplog):
     """A BertModel checkpoint fine-tunes as a classifier: backbone loaded, head fresh (and said so)."""
-    model = randomise(bert())
-    folder = hub.save(model, tmp_path / "bare")
+    model, folder = saved("bert", "backbone")
     classifier = hub.load(folder, task="classifier", num_classes=5)
     assert classifier.output["logits"].shape[-1] == 5
     assert_same_weights(model, classifier.backbone)
     assert "classifier.weight" in caplog.text
     # A masked-LM checkpoint loads as a backbone (its MLM head is dropped, its missing pooler is fresh).
-    mlm = randomise(bert("masked_lm"))
-    folder = hub.save(mlm, tmp_path / "mlm")
+    mlm, folder = saved("bert", "masked_lm")
     backbone = hub.load(folder, task="backbone")
     for v in mlm.backbone.weights:
         np.testing.assert_array_equal(v.numpy(), _variable(backbone, v.path).numpy(), err_msg=v.path)
@@ -251,21 +284,21 @@ def _variable(model, path):
     return next(w for w in model.weights if w.path == path)
 
 
-def test_registered_name_must_match_the_checkpoint(tmp_path):
-    folder = hub.save(bert(), tmp_path / "tiny")
+def test_registered_name_must_match_the_checkpoint(saved):
+    _, folder = saved("bert", "backbone")
     with pytest.raises(ValueError, match=r"not a 'enc-base' checkpoint.*num_layers: checkpoint 2, enc-base 12"):
         zoo.get("enc-base", weights=str(folder))
 
 
-def test_tokenizers_round_trip(tmp_path):
+def test_tokenizers_round_trip(saved, tmp_path):
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "##s", "on", "mat"]
     wordpiece = keras_hub.models.BertTokenizer(vocabulary=vocab, lowercase=True)
     bpe = keras_hub.tokenizers.BytePairTokenizer(
         vocabulary={"<|endoftext|>": 0, "t": 1, "h": 2, "e": 3, "Ġ": 4, "c": 5, "a": 6, "th": 7, "the": 8, "Ġc": 9,
                     "at": 10, "Ġcat": 11},
         merges=["t h", "th e", "Ġ c", "a t", "Ġc at"], unsplittable_tokens=["<|endoftext|>"])
-    for tokenizer, model, text in ((wordpiece, bert(), "The cats sat on the mat"),
-                                   (bpe, llama(), "the cat<|endoftext|>")):
+    for tokenizer, (model, _), text in ((wordpiece, saved("bert", "backbone"), "The cats sat on the mat"),
+                                        (bpe, saved("llama", "causal_lm"), "the cat<|endoftext|>")):
         folder = hub.save(model, tmp_path / type(tokenizer).__name__, tokenizer=tokenizer)
         again = hub.load(folder).tokenizer
         assert type(again) is type(tokenizer)
@@ -273,13 +306,14 @@ def test_tokenizers_round_trip(tmp_path):
         assert len(np.asarray(tokenizer(text))) > 2
 
 
-def test_save_refuses_to_overwrite_and_writes_atomically(tmp_path):
-    folder = hub.save(bert(), tmp_path / "m")
+def test_save_refuses_to_overwrite_and_writes_atomically(saved, tmp_path):
+    model, _ = saved("bert", "backbone")
+    folder = hub.save(model, tmp_path / "m")
     with pytest.raises(FileExistsError, match="overwrite=True"):
-        hub.save(bert(), folder)
-    model = randomise(bert(), seed=3)
-    hub.save(model, folder, overwrite=True)
-    assert_same_weights(model, hub.load(folder))
+        hub.save(model, folder)
+    other, _ = saved("bert", "masked_lm")
+    hub.save(other, folder, overwrite=True)
+    assert_same_weights(other, hub.load(folder))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temp siblings left behind
 
 
@@ -302,16 +336,17 @@ def fail_on_second_call(monkeypatch, module, name):
     return calls
 
 
-def test_a_failed_overwrite_leaves_the_earlier_folder_intact(tmp_path, monkeypatch):
+def test_a_failed_overwrite_leaves_the_earlier_folder_intact(saved, tmp_path, monkeypatch):
     """A save that dies after writing part of the new folder (config.json and the first shard)
     keeps the earlier folder byte for byte, and leaves no temporary folder behind."""
     import safetensors.numpy
 
-    folder = hub.save(randomise(llama()), tmp_path / "m", tokenizer=None)
+    folder = hub.save(saved("llama", "causal_lm")[0], tmp_path / "m", tokenizer=None)
     before = snapshot(folder)
     calls = fail_on_second_call(monkeypatch, safetensors.numpy, "save_file")
     with pytest.raises(OSError, match="injected"):
-        hub.save(randomise(llama(tie_embeddings=False), seed=5), folder, overwrite=True, max_shard_size=20_000)
+        hub.save(saved("llama", "causal_lm", tie_embeddings=False)[0], folder, overwrite=True,
+                 max_shard_size=20_000)
     assert len(calls) == 2  # the first shard was written before the failure
     assert snapshot(folder) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
@@ -336,8 +371,8 @@ def test_a_failed_gguf_conversion_leaves_the_earlier_folder_intact(tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["converted", "tiny.gguf"]
 
 
-def test_classifier_labels_are_written_as_id2label(tmp_path):
-    model = bert("classifier", num_classes=3)
+def test_classifier_labels_are_written_as_id2label(saved, tmp_path):
+    model, _ = saved("bert", "classifier", num_classes=3)
     folder = hub.save(model, tmp_path / "m", labels=["earn", "acq", "crude"])
     config = json.loads((folder / "config.json").read_text())
     assert config["id2label"] == {"0": "earn", "1": "acq", "2": "crude"} and config["label2id"]["crude"] == 2
@@ -347,10 +382,10 @@ def test_classifier_labels_are_written_as_id2label(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
 
 
-def test_push_uploads_the_saved_folder(tmp_path, monkeypatch):
+def test_push_uploads_the_saved_folder(saved, tmp_path, monkeypatch):
     import huggingface_hub
 
-    model = randomise(llama())
+    model, _ = saved("llama", "causal_lm")
     calls = {}
 
     def create_repo(self, repo_id, **kw):
@@ -378,11 +413,11 @@ def hf_cache(tmp_path, monkeypatch):
     return cache
 
 
-def test_hub_repo_id_resolves_from_the_cache_offline(tmp_path, monkeypatch):
+def test_hub_repo_id_resolves_from_the_cache_offline(saved, tmp_path, monkeypatch):
     cache = hf_cache(tmp_path, monkeypatch)
-    model = randomise(bert())
+    model, folder = saved("bert", "backbone")
     repo = cache / "models--someone--tiny-bert"
-    hub.save(model, repo / "snapshots" / ("a" * 40))
+    copied(folder, repo / "snapshots" / ("a" * 40))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("a" * 40)
     assert_same_weights(model, hub.load("someone/tiny-bert"))
@@ -394,8 +429,9 @@ def test_hub_repo_id_without_network_or_cache_says_so(tmp_path, monkeypatch):
         hub.load("someone/not-cached")
 
 
-def test_pickle_only_folder_is_refused(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(hub.config_from_spec(bert().spec, "backbone")))
+def test_pickle_only_folder_is_refused(saved, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(hub.config_from_spec(saved("bert", "backbone")[0].spec,
+                                                                          "backbone")))
     (tmp_path / "pytorch_model.bin").write_bytes(b"not unpickled")
     with pytest.raises(ValueError, match="pytorch_model.bin.*never unpickles.*safe_serialization=True"):
         hub.load(tmp_path)
@@ -408,26 +444,27 @@ def _edit(folder, fn):
     save_file(tensors, folder / "model.safetensors")
 
 
-def test_missing_unexpected_and_misshapen_tensors_are_named(tmp_path):
-    folder = hub.save(bert(), tmp_path / "m")
+def test_missing_unexpected_and_misshapen_tensors_are_named(saved, tmp_path):
+    _, original = saved("bert", "backbone")
+    folder = copied(original, tmp_path / "missing")
     _edit(folder, lambda t: t.pop("encoder.layer.1.output.dense.bias"))
     with pytest.raises(ValueError, match=r"Missing tensor 'encoder.layer.1.output.dense.bias'.*\(32,\)"):
         hub.load(folder)
-    folder = hub.save(bert(), tmp_path / "m", overwrite=True)
+    folder = copied(original, tmp_path / "unexpected")
     _edit(folder, lambda t: t.update({"encoder.layer.0.attention.self.rotary.weight": np.zeros(3, "float32")}))
     with pytest.raises(ValueError, match="Unexpected tensor 'encoder.layer.0.attention.self.rotary.weight'"):
         hub.load(folder)
-    folder = hub.save(bert(), tmp_path / "m", overwrite=True)
+    folder = copied(original, tmp_path / "misshapen")
     _edit(folder, lambda t: t.update({"encoder.layer.0.intermediate.dense.weight": np.zeros((60, 32), "float32")}))
     with pytest.raises(ValueError, match=r"'encoder.layer.0.intermediate.dense.weight'.*\(60, 32\).*\(64, 32\)"):
         hub.load(folder)
 
 
-def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
+def test_unsupported_architecture_lists_the_supported_ones(saved, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
     with pytest.raises(ValueError, match="GPT2LMHeadModel.*BertModel, BertForMaskedLM.*LlamaForCausalLM"):
         hub.load(tmp_path)
-    config = hub.config_from_spec(bert().spec, "backbone")
+    config = hub.config_from_spec(saved("bert", "backbone")[0].spec, "backbone")
     (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu_new"}))
     with pytest.raises(ValueError, match="gelu_new"):
         hub.load(tmp_path)
@@ -462,12 +499,12 @@ def parity(model, folder):
 
 
 @pytest.mark.parametrize("name", ["llama-legacy", "llama-rope-parameters", "llama32", "bert-mlm"])
-def test_transformers_folders_match_transformers_outputs(name):
+def test_transformers_folders_match_transformers_outputs(name, loaded):
     """Each folder was written by transformers' save_pretrained with its outputs beside it:
     top-level rope_theta (transformers 4 files), rope_parameters (transformers 5), llama3
     scaling with GQA, head_dim != hidden/heads and tied embeddings, and BertForMaskedLM
     (whose MLM logits pin the cls.predictions.transform layout)."""
-    model = hub.load(FIXTURES / name)
+    model = loaded(name)
     config = json.loads((FIXTURES / name / "config.json").read_text())
     assert model.task == ("masked_lm" if name.startswith("bert") else "causal_lm")
     if name.startswith("llama"):
@@ -480,19 +517,19 @@ def test_transformers_folders_match_transformers_outputs(name):
 
 
 @pytest.mark.parametrize("name", ["llama-legacy", "llama-rope-parameters", "llama32"])
-def test_rotary_frequencies_are_transformers(name):
+def test_rotary_frequencies_are_transformers(name, loaded):
     """The inverse frequencies of every block are transformers' own (llama3 bands included)."""
-    model = hub.load(FIXTURES / name)
+    model = loaded(name)
     expected = np.load(FIXTURES / name / "expected.npz", allow_pickle=False)["inv_freq"]
     for block in model.backbone.blocks:
         ours = np.asarray(block.attention.rotary._get_inverse_freq(model.spec.head_dim))
         np.testing.assert_allclose(ours, expected, rtol=1e-6, atol=0)
 
 
-def test_llama3_decodes_with_the_cache_and_rebuilds_from_its_config():
+def test_llama3_decodes_with_the_cache_and_rebuilds_from_its_config(loaded):
     """Positions past the prompt go through the same scaled rotary layer (start_index), and a
     saved Keras config (the spec as a dict) rebuilds the scaling."""
-    model = hub.load(FIXTURES / "llama32")
+    model = loaded("llama32")
     expected = np.load(FIXTURES / "llama32" / "expected.npz", allow_pickle=False)
     ids = expected["input_ids"][:1].astype("int32")
     cache = model.init_cache(1, ids.shape[1])
@@ -565,10 +602,10 @@ def test_other_rope_types_are_refused_by_name(tmp_path, rope_type, where):
         hub.load(folder)
 
 
-def test_saved_config_is_transformers_5_and_reloads(tmp_path):
+def test_saved_config_is_transformers_5_and_reloads(saved, loaded, tmp_path):
     """zoo writes rope_parameters as transformers 5 does (plus the transformers 4 keys, which
     transformers 5 reads without a warning: tools/make_hf_fixtures.py check), and reloads it exactly."""
-    model = hub.load(FIXTURES / "llama32")
+    model = loaded("llama32")
     folder = hub.save(model, tmp_path / "again")
     config = json.loads((folder / "config.json").read_text())
     original = json.loads((FIXTURES / "llama32" / "config.json").read_text())
@@ -580,7 +617,7 @@ def test_saved_config_is_transformers_5_and_reloads(tmp_path):
     again = hub.load(folder)
     assert again.spec == model.spec.replace(description=again.spec.description)
     assert_same_weights(model, again)
-    config = json.loads((hub.save(llama(), tmp_path / "plain") / "config.json").read_text())
+    config = json.loads((saved("llama", "causal_lm")[1] / "config.json").read_text())
     assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 100000.0}
     assert config["rope_scaling"] is None
 

@@ -1,6 +1,8 @@
 """Real pretrained weights (../shared/ASSETS.md): all-MiniLM-L6-v2 (Hugging Face
 safetensors) and SmolLM2-135M (GGUF, dequantised and written as a Hugging Face
-folder), checked against keras-hub's own Hugging Face loaders.
+folder), checked against keras-hub's own Hugging Face loaders; the converted folder's
+chat template and tokenizer against transformers' (here, where the folder is converted
+once: the conversion is most of this module's time).
 
 keras-hub reads the folder `convert_gguf` wrote, so a conversion error would be on
 both sides of that comparison: the Q/K row order is checked on its own, by applying
@@ -25,6 +27,7 @@ from safetensors import safe_open
 import zoo
 from tests.common import exact_gelu, llama_cpp_permute
 from zoo import hub
+from zoo.chat import ChatTemplate, ChatTokenizer
 from zoo.generation import generate
 
 pytestmark = pytest.mark.slow  # real assets: deselect with -m "not slow"
@@ -141,3 +144,19 @@ def test_smollm2_query_key_rows_are_llama_cpps_permuted_back(assets, smollm2_fol
                 assert not np.array_equal(ours, original)  # the permutation is not the identity here
                 checked += 1
     assert checked == 60
+
+
+def test_smollm2_chat_template_and_tokenizer_equal_transformers(assets, smollm2_folder):
+    """The real SmolLM2-135M-Instruct GGUF, converted by zoo: the chat template zoo reads from the folder
+    and from the GGUF is the one transformers read, and the folder's tokenizer gives transformers' text,
+    ids and assistant masks (tests/fixtures/chat/smollm2.json) through the template as shipped (markers)
+    and through its tagged twin (generation tags)."""
+    from tests.zoo.test_chat_template import check_template, fixture
+
+    data = fixture("smollm2")
+    from_folder = ChatTemplate.find(smollm2_folder)
+    assert from_folder.source == data["template"] == ChatTemplate.find(assets["smollm2"]).source
+    assert from_folder.special_tokens == data["special_tokens"]
+    tokenizer = ChatTokenizer.from_folder(smollm2_folder)
+    for tagged in (False, True):
+        check_template(data, tokenizer, data["template_with_generation" if tagged else "template"], tagged)

@@ -76,16 +76,21 @@ def gradients(model, data, traced=False):
     return {v.path: tf.convert_to_tensor(g).numpy() for v, g in zip(model.trainable_variables, grads)}
 
 
+@pytest.fixture(scope="module")
+def unpacked_gradients():
+    """The reference both policies are held to: the examples one per row, unpacked (computed once)."""
+    return gradients(build("none", pack=False), one_per_row(examples()))
+
+
 @pytest.mark.parametrize("policy", ["none", "full"])
-def test_packed_gradients_equal_one_example_per_row(policy):
+def test_packed_gradients_equal_one_example_per_row(policy, unpacked_gradients):
     """Exact formulations only: dropout draws its masks by layout (two 16-wide rows and five 9-wide ones
     draw different bits), so a packed row cannot equal the unpacked batch with dropout on. Without
     dropout it must, to float32 rounding, for every trainable variable. With dropout 0.1 the packed
     row's `full` gradients (the block replayed from its input, the document numbers captured in the
     replay's closure, the masks held) must equal its `none` ones: the same draws, the same layout."""
     tokens = examples()
-    reference = gradients(build("none", pack=False), one_per_row(tokens))
-    assert_same(reference, gradients(build(policy), packed(tokens)), rtol=1e-5)
+    assert_same(unpacked_gradients, gradients(build(policy), packed(tokens)), rtol=1e-5)
     if policy == "full":  # dropout on: packed "full" against packed "none" (the chunked core: below, alone)
         kept = gradients(build("none", dropout=0.1), packed(tokens), traced=True)
         assert_same(kept, gradients(build("full", dropout=0.1), packed(tokens), traced=True), rtol=1e-5)
@@ -110,18 +115,20 @@ def test_fused_update_trains_packed_rows_as_full_does():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("core", ["plain", "chunked"])
-def test_changing_one_example_leaves_the_others_bitwise(core):
-    model = build(core=core)
+def test_changing_one_example_leaves_the_others_bitwise():
+    """In either core (one model, its core switched: the weights stay the same)."""
+    model = build()
     tokens = examples()
     x, _, _ = packed(tokens)
     changed = list(tokens)
     changed[1] = (tokens[1] + 7) % TINY_DEC["vocab_size"]  # row 0's second example, positions 5-7
-    before, after = (model(packed(t)[0])["logits"].numpy() for t in (tokens, changed))
     docs = x["padding_mask"]
     others = (docs != 0) & ~((np.arange(2)[:, None] == 0) & (docs == 2))
-    np.testing.assert_array_equal(before[others], after[others])
-    assert not np.array_equal(before[0, 5:8], after[0, 5:8])  # the changed example's own logits did change
+    for core in ("plain", "chunked"):
+        model.set_attention(core, chunk_size=CHUNK)
+        before, after = (model(packed(t)[0])["logits"].numpy() for t in (tokens, changed))
+        np.testing.assert_array_equal(before[others], after[others], err_msg=core)
+        assert not np.array_equal(before[0, 5:8], after[0, 5:8]), core  # the changed example's logits changed
 
 
 def qkv(seed, batch=2, length=SEQ, heads=4, kv_heads=2, dim=8):

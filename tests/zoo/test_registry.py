@@ -24,22 +24,50 @@ def test_num_params_within_two_percent_of_reference(name):
     assert abs(zoo.spec(name).num_params() / REFERENCE[name] - 1) <= 0.02
 
 
-@pytest.mark.parametrize("name", zoo.names())
-def test_shapes_equal_the_built_layers(name):
-    """zoo.shapes (num_params and the planner read it) against the built variables, for every task of the
-    family: the registered shape's structure (tying, grouped-query heads, head_dim apart from hidden/heads,
-    local layers), shrunk so the unit test stays small (benchmarks/param_counts.py builds the full-size ones)."""
+def shrunk(name):
+    """The overrides that shrink a registered shape to test size and keep its structure (tying, grouped-query
+    heads, head_dim apart from hidden/heads, local layers)."""
     s = zoo.spec(name)
     kv = {"num_kv_heads": 2} if s.num_kv_heads != s.num_heads else {}
     kv |= {"head_dim": 32} if s.head_dim != s.hidden_dim // s.num_heads else {}
     kv |= {"sliding_window": 4} if s.sliding_window else {}
-    for task in shapes.tasks(s):
-        extra = {"num_classes": 3} if task == "classifier" else {}
-        model = zoo.get(name, task=task, **TINY, **kv, **extra)
-        assert shapes.variable_shapes(model.spec, task, **extra) == [tuple(v.shape) for v in model.trainable_variables]
-        assert model.count_params() == model.spec.num_params(task, **extra)
-        assert_tags_name_the_hub_modules(model, shapes.variables(model.spec, task, **extra))
+    return {**TINY, **kv}
+
+
+def distinct_shrunk_shapes():
+    """One registered name per distinct shrunk spec: names that differ only in size (enc-mini ... enc-1b,
+    dec-base and dec-large, qwen3-0.6b and qwen3-4b, ...) shrink to the very same spec, so the same model and
+    the same test; each name stands for the names listed in its case's id."""
+    groups = {}
+    for name in zoo.names():
+        spec = zoo.spec(name).replace(**shrunk(name), description="")
+        groups.setdefault(repr(sorted(spec.to_dict().items())), []).append(name)
+    return [pytest.param(names[0], id="=".join(names)) for names in groups.values()]
+
+
+@pytest.mark.parametrize("name", distinct_shrunk_shapes())
+def test_shapes_equal_the_built_layers(name):
+    """zoo.shapes (num_params and the planner read it) against the built variables, for every task of the
+    family: the registered shape's structure, shrunk so the unit test stays small
+    (benchmarks/param_counts.py builds the full-size ones). The backbone checked is the one inside the last
+    head model: task="backbone" builds that very class from the same arguments (one build fewer)."""
+    s = zoo.spec(name)
     assert set(shapes.tasks(s)) == set(zoo_models.TASKS[s.family])
+    models = {}
+    for task in shapes.tasks(s):
+        if task != "backbone":
+            models[task] = zoo.get(name, task=task, **shrunk(name), **classes(task))
+    models["backbone"] = models[shapes.tasks(s)[-1]].backbone
+    assert type(models["backbone"]) is zoo_models.TASKS[s.family]["backbone"]
+    for task, model in models.items():
+        assert shapes.variable_shapes(model.spec, task, **classes(task)) == [
+            tuple(v.shape) for v in model.trainable_variables]
+        assert model.count_params() == model.spec.num_params(task, **classes(task))
+        assert_tags_name_the_hub_modules(model, shapes.variables(model.spec, task, **classes(task)))
+
+
+def classes(task):
+    return {"num_classes": 3} if task == "classifier" else {}
 
 
 def assert_tags_name_the_hub_modules(model, tagged):
@@ -101,18 +129,29 @@ def test_unknown_override_lists_fields():
         zoo.get("enc-base", hidden_size=64)
 
 
-def test_too_long_input_says_both_lengths():
-    model = zoo.get("enc-base", **TINY, max_sequence_length=16)
+@pytest.fixture(scope="module")
+def encoder():
+    """One tiny encoder for the tests that only call it."""
+    return zoo.get("enc-base", **TINY, max_sequence_length=16)
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    """One tiny decoder (selective checkpointing, a policy its config must keep) for the tests that call,
+    clone or save it."""
+    return zoo.get("dec-base", checkpointing="selective", **TINY_DEC)
+
+
+def test_too_long_input_says_both_lengths(encoder):
     x = {"token_ids": np.zeros((1, 20), "int32"), "segment_ids": np.zeros((1, 20), "int32"),
          "padding_mask": np.ones((1, 20), "int32")}
     with pytest.raises(ValueError, match="20.*16"):
-        model(x)
+        encoder(x)
 
 
-def test_missing_input_is_named():
-    model = zoo.get("dec-base", **TINY_DEC)
+def test_missing_input_is_named(decoder):
     with pytest.raises(ValueError, match="padding_mask"):
-        model({"token_ids": np.zeros((1, 4), "int32")})
+        decoder({"token_ids": np.zeros((1, 4), "int32")})
 
 
 def test_register_refuses_silent_overwrite(monkeypatch):
@@ -124,11 +163,10 @@ def test_register_refuses_silent_overwrite(monkeypatch):
         zoo.register("test-dec-3", custom)
 
 
-def test_config_round_trip_keeps_spec_and_policy():
-    model = zoo.get("dec-base", checkpointing="selective", **TINY_DEC)
-    clone = type(model).from_config(model.get_config())
-    assert clone.spec == model.spec and clone.checkpointing == "selective"
-    assert clone.count_params() == model.count_params()
+def test_config_round_trip_keeps_spec_and_policy(decoder):
+    clone = type(decoder).from_config(decoder.get_config())
+    assert clone.spec == decoder.spec and clone.checkpointing == "selective"
+    assert clone.count_params() == decoder.count_params()
 
 
 @pytest.mark.parametrize("name, task", [("enc-base", "masked_lm"), ("enc-base", "classifier"),
@@ -149,25 +187,22 @@ def test_keras_format_round_trip_under_mixed_precision(name, task, tmp_path):
     np.testing.assert_array_equal(logits, loaded(x)["logits"])
 
 
-def test_import_zoo_is_enough_to_load_a_saved_model(tmp_path):
+def test_import_zoo_is_enough_to_load_a_saved_model(decoder, tmp_path):
     import subprocess
     import sys
 
     path = tmp_path / "model.keras"
-    zoo.get("dec-base", **TINY_DEC).save(path)
+    decoder.save(path)
     code = f"import zoo, keras; print(type(keras.models.load_model({str(path)!r})).__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "DecoderCausalLM", out.stderr[-2000:]
 
 
-def test_encoders_default_segment_ids_to_zeros():
+def test_encoders_default_segment_ids_to_zeros(encoder):
     """As Hugging Face defaults token_type_ids: a dict without segment_ids is one segment."""
-    import numpy as np
-
-    model = zoo.get("enc-base", **TINY)
     ids = np.random.default_rng(0).integers(0, TINY["vocab_size"], (2, 8)).astype("int32")
-    full = model({"token_ids": ids, "padding_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)})
-    short = model({"token_ids": ids, "padding_mask": np.ones_like(ids)})
+    full = encoder({"token_ids": ids, "padding_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)})
+    short = encoder({"token_ids": ids, "padding_mask": np.ones_like(ids)})
     np.testing.assert_array_equal(np.asarray(full["pooled_output"]), np.asarray(short["pooled_output"]))
-    ones = model({"token_ids": ids, "padding_mask": np.ones_like(ids), "segment_ids": np.ones_like(ids)})
+    ones = encoder({"token_ids": ids, "padding_mask": np.ones_like(ids), "segment_ids": np.ones_like(ids)})
     assert not np.allclose(np.asarray(ones["pooled_output"]), np.asarray(short["pooled_output"]))

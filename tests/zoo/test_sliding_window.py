@@ -160,7 +160,7 @@ def test_tile_count_grows_as_s_times_w():
         s = 512 * n
         assert tile_count(s, s, 512, causal=True, window=512) == 2 * n - 1
         assert tile_count(s, s, 512, causal=False, window=65) == 3 * n - 2
-        if n <= 8:  # the brute force holds an s x s mask
+        if n <= 4:  # the brute force holds an s x s mask (n = 8 takes the same path at 4x the cost)
             assert tile_count(s, s, 512, causal=True, window=512) == tiles_with_a_pair(s, s, 512, True, 512)
             assert tile_count(s, s, 512, causal=False, window=65) == tiles_with_a_pair(s, s, 512, False, 65)
         assert tile_count(s, s, 512, causal=True) == n * (n + 1) // 2
