@@ -1,14 +1,14 @@
 """The fused update (zoo.training.fused) takes the same steps as Keras' own `fit`: weights after three
 steps of AdamW (schedule, weight decay, dropout active) equal, with and without a global clip
-that triggers, tied and untied, in float32 and bfloat16; a non-finite float16 step leaves every
-weight as it was; and a step holds less memory than `full` alone.
+that triggers, tied and untied, chunked and whole logits, in float32 and bfloat16; a non-finite
+float16 step leaves every weight as it was; and a step holds less memory than `full` alone.
 
 The reference is `fit` with the recipes' AdamW, whose global norm counts an embedding's
 gradient correctly (Keras' own miscounts repeated token ids, see recipes/optim.py).
 
 The comparisons here run both sides eagerly (~3 s a run against ~15-30 s of tracing): the walk, the norm pass and
 the updates are the same Python in both modes. The traced step (the norm pass's `cond`, the ordering) is compared
-with traced `fit` by the memory tests of tests/zoo/test_fused_precision.py, on the models they trace anyway
+with traced `fit` in tests/zoo/test_fused_precision.py, on the one-block models its memory tests trace anyway
 (float32 with the chunked loss against Keras' step on whole logits; bfloat16, bitwise). Each comparison keeps one
 mode on both sides: traced and eager `fit` differ by ~6e-7 in float32 and ~1e-2 in bfloat16 after 3 steps
 (Grappler's rewrites)."""
@@ -37,9 +37,10 @@ DECODERS = ("llama", "gemma3")
 
 
 def build(family, precision="float32", tied=False, fused=None, clip=None, loss_chunk=None, accumulation=None,
-          eager=False):
+          eager=False, **overrides):
     keras.utils.set_random_seed(0)
     name, shape = MODELS[family]
+    shape = dict(shape, **overrides)
     if family in DECODERS:
         model = zoo.get(name, checkpointing="full", dtype=precision, task="causal_lm",
                         **dict(shape, vocab_size=VOCAB, dropout=0.1, tie_embeddings=tied or family == "gemma3"))
@@ -97,8 +98,8 @@ def assert_same_weights(model, reference, tolerance, skip=("key/bias",)):
     assert int(model.optimizer.iterations) == int(reference.optimizer.iterations) == 3
 
 
-def global_norm_of_first_step(family):
-    model = build(family, eager=True)
+def global_norm_of_first_step(family, **kwargs):
+    model = build(family, eager=True, **kwargs)
     x, y = next(iter(batches(family)))
     with tf.GradientTape() as tape:
         loss = model.compute_loss(x, y, model(x, training=True))
@@ -106,11 +107,17 @@ def global_norm_of_first_step(family):
     return float(tf.linalg.global_norm([tf.convert_to_tensor(g) for g in grads]))
 
 
+# The Llama case: tied input and output embedding (the fused step sums both uses), the fused step on the head's
+# whole logits against Keras' step with the chunked loss (Gemma 3 below: the other way round).
+SETTINGS = {"llama": dict(tied=True, clip=CLIP), "bert": dict(clip=CLIP)}
+FUSED = {"llama": dict(loss_chunk=0, fused="global"), "bert": dict(fused="global")}
+
+
 @pytest.mark.parametrize("family", ["llama", "bert"])
 def test_fused_equals_fit_float32_with_a_global_clip(family):
-    assert global_norm_of_first_step(family) > 10 * CLIP  # the clip really scales every step
-    reference, ref_loss = trained(family, clip=CLIP)
-    model, loss = trained(family, clip=CLIP, fused="global")
+    assert global_norm_of_first_step(family, **SETTINGS[family]) > 10 * CLIP  # the clip really scales every step
+    reference, ref_loss = trained(family, **SETTINGS[family])
+    model, loss = trained(family, **SETTINGS[family], **FUSED[family])
     assert loss == pytest.approx(ref_loss, rel=1e-6)
     assert_same_weights(model, reference, 1e-6)
 
@@ -126,16 +133,10 @@ def test_fused_equals_fit_for_new_families():
     assert_same_weights(model, reference, 1e-6)
 
 
-def test_fused_tied_embedding_sums_both_uses():
-    """Tied input and output embedding, no clip (no norm pass), unchunked loss (the head's whole logits)."""
-    reference, _ = trained("llama", tied=True, loss_chunk=0)
-    model, _ = trained("llama", tied=True, loss_chunk=0, fused="global")
-    assert_same_weights(model, reference, 1e-6)
-
-
 def test_per_block_clip_is_a_different_explicit_choice():
-    exact, _ = trained("llama", clip=CLIP, fused="global")
-    per_block, _ = trained("llama", clip=CLIP, fused="per-block")
+    """Against the Llama case's fused run (shared), everything the same but the clip."""
+    exact, _ = trained("llama", **SETTINGS["llama"], **FUSED["llama"])
+    per_block, _ = trained("llama", **SETTINGS["llama"], **dict(FUSED["llama"], fused="per-block"))
     assert per_block.fused_update == "per-block"
     assert max(rel(a.numpy(), b.numpy()) for a, b in zip(per_block.weights, exact.weights)) > 1e-3
 

@@ -56,42 +56,32 @@ def logits(model, x):
 
 # --- what enable_lora does --------------------------------------------------------------
 @pytest.mark.parametrize("name", SHAPES)
-def test_zero_b_leaves_the_logits_exactly_as_they_were(name):
-    model = build(name)
+def test_adapters_compute_base_plus_scaled_x_a_b_and_merge_exactly(name):
+    """On one model (the builds are the test's time): a zero B leaves the logits exactly as they were; each
+    projection computes base + (alpha/r)·x·A·B as numpy does; the model equals one with the kernels merged in
+    numpy, and merge_lora equals both and leaves a plain model."""
+    model, reference = build(name), build(name)
     x = inputs(model)
-    before = logits(model, x)
+    trainable_before = {v.path for v in model.trainable_variables}
+    base = logits(model, x)
     projections = list(lora.projections(model))
     assert lora.enable_lora(model, rank=4, alpha=8, targets="all-linear") == projections
-    np.testing.assert_array_equal(logits(model, x), before)
-
-
-@pytest.mark.parametrize("name", SHAPES)
-def test_each_projection_computes_base_plus_scaled_x_a_b(name):
-    model = build(name)
-    lora.enable_lora(model, rank=4, alpha=12, targets="all-linear")
+    np.testing.assert_array_equal(logits(model, x), base)  # B is zero
     random_b(model)
+
     rng = np.random.default_rng(3)
     for layer_name, layer in lora.adapters(model).items():
-        x = rng.normal(size=(2, 5, layer._kernel.shape[0])).astype("float32")
+        h = rng.normal(size=(2, 5, layer._kernel.shape[0])).astype("float32")
         a, b = layer.lora_kernel_a.numpy(), layer.lora_kernel_b.numpy()
-        expected = x @ layer._kernel.numpy() + (12 / 4) * (x @ a) @ b
+        expected = h @ layer._kernel.numpy() + (8 / 4) * (h @ a) @ b
         if layer.bias is not None:
             expected += layer.bias.numpy()
         activation = keras.activations.serialize(layer.activation)
         assert activation in ("linear", "tanh"), activation
         expected = np.tanh(expected) if activation == "tanh" else expected  # BERT's pooler
-        error = np.abs(layer(x).numpy() - expected).max() / np.abs(expected).max()
+        error = np.abs(layer(h).numpy() - expected).max() / np.abs(expected).max()
         assert error <= 1e-6, (layer_name, error)
 
-
-@pytest.mark.parametrize("name", SHAPES)
-def test_model_equals_one_with_kernels_merged_in_numpy_and_merge_lora_equals_both(name):
-    model, reference = build(name), build(name)
-    x = inputs(model)
-    trainable_before = {v.path for v in model.trainable_variables}
-    lora.enable_lora(model, rank=4, alpha=8, targets="all-linear")
-    random_b(model)
-    base = logits(reference, x)
     targets = lora.projections(reference)  # the same names
     for layer_name, layer in lora.adapters(model).items():
         merged = layer._kernel.numpy() + 2.0 * layer.lora_kernel_a.numpy() @ layer.lora_kernel_b.numpy()
@@ -246,25 +236,31 @@ def test_a_tape_watches_only_what_trains_so_recomputation_skips_frozen_kernels()
 BOUNDS = {"int8": 1e-2, "int4": 1.5e-1}
 
 
-def test_quantized_base_is_close_to_float_and_keeps_a_new_head_float(capsys):
-    for name in SHAPES:
-        float_model = build(name, dropout=0.0)
-        x = inputs(float_model)
-        reference = logits(float_model, x)
-        for mode in lora.QUANTIZATION_MODES:
-            model = build(name, dropout=0.0)
-            quantized = lora.quantize_base(model, mode)
-            kinds = {type(layer).__name__ for layer in model._flatten_layers() if layer.path in quantized}
-            # decoders: keras-hub's ReversibleEmbedding as zoo's ScaledEmbedding (Gemma's x sqrt(h); None here)
-            assert kinds == {"Dense"} | ({"Embedding", "ReversibleEmbedding"} if name == "enc-mini" else
-                                         {"ScaledEmbedding"})
-            if name == "enc-mini":
-                assert model.classifier.quantization_mode is None  # the new head stays float and trainable
-                assert {v.path for v in model.trainable_variables} >= {"classifier/kernel", "classifier/bias"}
-            error = np.abs(logits(model, x) - reference).max() / np.abs(reference).max()
-            with capsys.disabled():
-                print(f"\n{name} {mode}: max |logits - float| / max |float logits| = {error:.2e}")
-            assert 0 < error <= BOUNDS[mode], (name, mode, error)
+def quantized_close_to(model, mode, reference, x, capsys):
+    """Quantizes `model` (built like the float one that gave the `reference` logits) and checks what it became:
+    the layers quantized, a new head kept float, and its logits' error to float. Returns the quantized layers."""
+    name = "enc-mini" if model.task == "classifier" else "dec-base"
+    quantized = lora.quantize_base(model, mode)
+    kinds = {type(layer).__name__ for layer in model._flatten_layers() if layer.path in quantized}
+    # decoders: keras-hub's ReversibleEmbedding as zoo's ScaledEmbedding (Gemma's x sqrt(h); None here)
+    assert kinds == {"Dense"} | ({"Embedding", "ReversibleEmbedding"} if name == "enc-mini" else {"ScaledEmbedding"})
+    if name == "enc-mini":
+        assert model.classifier.quantization_mode is None  # the new head stays float and trainable
+        assert {v.path for v in model.trainable_variables} >= {"classifier/kernel", "classifier/bias"}
+    error = np.abs(logits(model, x) - reference).max() / np.abs(reference).max()
+    with capsys.disabled():
+        print(f"\n{name} {mode}: max |logits - float| / max |float logits| = {error:.2e}")
+    assert 0 < error <= BOUNDS[mode], (name, mode, error)
+    return quantized
+
+
+def test_quantized_encoder_is_close_to_float_and_keeps_a_new_head_float(capsys):
+    """The decoder's closeness: test_quantized_decoder_is_close_and_gives_the_float_base_gradients."""
+    float_model = build("enc-mini", dropout=0.0)
+    x = inputs(float_model)
+    reference = logits(float_model, x)
+    for mode in lora.QUANTIZATION_MODES:
+        quantized_close_to(build("enc-mini", dropout=0.0), mode, reference, x, capsys)
 
 
 def test_a_quantized_gemma3_keeps_its_embedding_scale(capsys):
@@ -308,40 +304,37 @@ def test_deleted_and_quantized_models_free_their_float_kernels():
     assert current() - start <= stored + 2**20
 
 
-def test_quantized_base_gives_the_float_base_gradients(capsys):
-    """The same adapters on a float and a quantized decoder: the adapter gradients point the same
-    way. With Keras' default int8 config, which also quantizes the input of the tied LM head
-    (ReversibleEmbedding) without a straight-through gradient, the cosine was 0.12."""
-    def adapter_gradients(mode):
+def test_quantized_decoder_is_close_and_gives_the_float_base_gradients_and_merges_requantized(capsys):
+    """On the same three decoders (float, int8, int4; the builds are the test's time): each quantized base is close
+    to float; the same adapters on a float and a quantized decoder get gradients that point the same way (with
+    Keras' default int8 config, which also quantizes the input of the tied LM head (ReversibleEmbedding) without a
+    straight-through gradient, the cosine was 0.12); and merging into the int8 kernels is Keras'
+    dequantize-merge-requantize: one more int8 rounding, bounded."""
+    def adapted(mode, reference=None):
+        """(the model with random-B adapters, its inputs, its logits before them, its adapter gradients)."""
         model = build("dec-base", dropout=0.0)
+        x = inputs(model)
         if mode:
-            lora.quantize_base(model, mode)
+            quantized_close_to(model, mode, reference, x, capsys)
+        before = logits(model, x)
         lora.enable_lora(model, rank=4, alpha=8, targets="all-linear")  # the same A draws: set_random_seed
         random_b(model)
-        x = inputs(model)
-        return np.concatenate([g.ravel() for g in gradients(model, x, labels(model, x)).values()])
+        grads = gradients(model, x, labels(model, x))
+        return model, x, before, np.concatenate([g.ravel() for g in grads.values()])
 
-    reference = adapter_gradients(None)
+    _, x, reference, float_grads = adapted(None)
     for mode, bound in (("int8", 0.999), ("int4", 0.98)):  # measured 1.0000 and 0.9917
-        g = adapter_gradients(mode)
-        cosine = g @ reference / np.linalg.norm(g) / np.linalg.norm(reference)
+        model, _, _, g = adapted(mode, reference)
+        cosine = g @ float_grads / np.linalg.norm(g) / np.linalg.norm(float_grads)
         with capsys.disabled():
             print(f"\ndec-base {mode}: cosine of the adapter gradients to the float base's = {cosine:.4f}")
         assert cosine > bound, (mode, cosine)
-
-
-def test_merge_into_a_quantized_kernel_requantizes_it():
-    """Keras' dequantize-merge-requantize: one more int8 rounding, bounded."""
-    model = build("dec-base", dropout=0.0)
-    lora.quantize_base(model, "int8")
-    lora.enable_lora(model, rank=4, alpha=8, targets="all-linear")
-    random_b(model)
-    x = inputs(model)
-    adapted = logits(model, x)
-    lora.merge_lora(model)
-    assert {layer.quantization_mode for layer in lora.projections(model).values()} == {"int8"}
-    assert not lora.has_lora(model)
-    assert np.abs(logits(model, x) - adapted).max() / np.abs(adapted).max() <= 1e-2
+        if mode == "int8":
+            before = logits(model, x)
+            lora.merge_lora(model)
+            assert {layer.quantization_mode for layer in lora.projections(model).values()} == {"int8"}
+            assert not lora.has_lora(model)
+            assert np.abs(logits(model, x) - before).max() / np.abs(before).max() <= 1e-2
 
 
 # --- refusals ---------------------------------------------------------------------------
