@@ -155,8 +155,9 @@ class PreferenceStep:
             raise ValueError("A preference batch is (x, y): x {'token_ids', 'padding_mask'} and y {'targets', "
                              "'weights'[, 'reference_logps']}, each [pairs, 2, ...] (recipes.dpo_data.dataset).")
         for name, part in (("token_ids", x), ("padding_mask", x), ("targets", y), ("weights", y)):
-            if name not in part or part[name].shape.rank != 3 or part[name].shape[1] != 2:
-                found = None if name not in part else part[name].shape
+            shape = tf.TensorShape(part[name].shape) if name in part else None  # a tensor's, or (eager) an array's
+            if shape is None or shape.rank != 3 or shape[1] != 2:
+                found = shape
                 raise ValueError(f"A preference batch needs {name!r} of shape [pairs, 2, sequence] (chosen, "
                                  f"rejected); got {found}.")
         return x, y
