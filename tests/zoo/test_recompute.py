@@ -41,10 +41,24 @@ def make_inputs(name, masked):
 
 
 def build(name, policy, dtype=None, core="chunked"):
-    keras.utils.set_random_seed(0)  # same weights and dropout seeds for every policy
-    model = zoo.get(name, checkpointing=policy, dtype=dtype, **{**FAMILIES, **WINDOWED}[name])
+    """The family's model under `policy` and `core`, at the state it was built in: one model per family and
+    dtype, built once (keras.utils.set_random_seed(0): the same weights and dropout seeds for every policy)
+    and switched with set_checkpointing / set_attention, every variable (the dropout seed generators' state
+    included) set back to its value when built, so that each policy draws the same masks from the same weights."""
+    key = (name, dtype)
+    if key not in MODELS:
+        keras.utils.set_random_seed(0)
+        model = zoo.get(name, dtype=dtype, **{**FAMILIES, **WINDOWED}[name])
+        MODELS[key] = model, [v.numpy() for v in model.variables]
+    model, initial = MODELS[key]
+    for variable, value in zip(model.variables, initial):
+        variable.assign(value)
+    model.set_checkpointing(policy)
     model.set_attention(core, chunk_size=CHUNK)
     return model
+
+
+MODELS = {}
 
 
 def gradients(name, policy, mode, masked=True, dtype=None, core="chunked"):
@@ -151,21 +165,16 @@ def test_gradients_equal_mixed_precision(name, dtype):  # each family under one 
     print(f"{name} {dtype}: chunked/plain distance to float32, worst variable {max(worst):.2f}x")
 
 
-def fit_weights(name, policy, dtype=None, steps=3):
-    model = build(name, policy, dtype)
+def fit_data(name, steps=3):
+    """`steps` batches of the padded inputs, random targets and the losses to fit them with."""
     x = {k: np.concatenate([v] * steps) for k, v in make_inputs(name, masked=True).items()}
     rng = np.random.default_rng(1)
     if zoo.spec(name).family == "bert":
         n, h = len(x["token_ids"]), TINY["hidden_dim"]
         targets = {"sequence_output": rng.normal(size=(n, SEQ, h)), "pooled_output": rng.normal(size=(n, h))}
-        loss = {"sequence_output": "mse", "pooled_output": "mse"}
-    else:
-        y = rng.integers(0, TINY["vocab_size"], x["token_ids"].shape)
-        targets, loss = {"logits": y}, {"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=loss)
-    initial = model.get_weights()
-    model.fit(x, targets, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-    return model, initial, {v.path: np.asarray(v).astype("float32") for v in model.weights}
+        return x, targets, {"sequence_output": "mse", "pooled_output": "mse"}
+    y = rng.integers(0, TINY["vocab_size"], x["token_ids"].shape)
+    return x, {"logits": y}, {"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}
 
 
 @pytest.mark.parametrize(
@@ -174,16 +183,47 @@ def fit_weights(name, policy, dtype=None, steps=3):
     # tf.function and XLA); the loss-scaled float16 step is the one most likely to drift.
     [("dec-base", "mixed_bfloat16"), ("enc-base", "mixed_float16")],
 )
-def test_fit_reaches_same_weights(name, dtype):
-    model, initial, reference = fit_weights(name, "none", dtype)
+def test_fit_reaches_same_weights(name, dtype, monkeypatch):
+    """`fit` under full and selective reaches the weights it reaches under none, each policy switched on the
+    compiled model (set_checkpointing) and fitted from the same weights, dropout seeds and optimizer state.
+    The switch drops the compiled train step, and the new trace holds one recomputation wrapper per block
+    under full (the wrapper runs at trace time, so counting its calls counts what the graph contains), traced
+    once and reused for every step."""
+    import zoo.layers.block as block_module
+
+    traced = []
+
+    def counting(fn, *tensors):
+        traced.append(fn)
+        return recompute.recompute(fn, *tensors)
+
+    monkeypatch.setattr(block_module, "recompute", counting)
+    model = build(name, "none", dtype)
+    x, targets, loss = fit_data(name)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss=loss)
     if dtype == "mixed_float16":
         assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
-    moved = max(np.abs(a - b).max() for a, b in zip(reference.values(), initial))
+    model.optimizer.build(model.trainable_variables)
+    state = model.variables + model.optimizer.variables  # the seed generators' and the loss scale's included
+    initial, initial_weights = [v.numpy() for v in state], [v.numpy() for v in model.weights]
+
+    def fit(policy):
+        for variable, value in zip(state, initial):
+            variable.assign(value)
+        traced.clear()
+        model.fit(x, targets, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)  # 3 steps
+        assert len(traced) == (TINY["num_layers"] if policy == "full" else 0), (policy, len(traced))
+        return {v.path: np.asarray(v).astype("float32") for v in model.weights}
+
+    reference = fit("none")
+    moved = max(np.abs(a - b).max() for a, b in zip(reference.values(), initial_weights))
     assert moved > 1e-3, "training must move the weights for the comparison to mean anything"
     for policy in ("full", "selective"):
-        _, _, weights = fit_weights(name, policy, dtype)
+        assert model.train_function is not None
+        assert model.set_checkpointing(policy) == policy == model.checkpointing
+        assert model.train_function is None  # rebuilt, with the new policy, on the next step
         # Adam normalises a noise gradient to a step of ~lr: the key bias's weights are noise, not ~0.
-        assert_same(reference, weights, rtol=1e-5, zero=None)
+        assert_same(reference, fit(policy), rtol=1e-5, zero=None)
 
 
 @pytest.mark.parametrize("core, selective_wrappers", [("chunked", 0), ("plain", 2)])
@@ -254,97 +294,90 @@ def test_auto_core_follows_the_policy(monkeypatch):
     assert set(used) == {"chunked"}
 
 
-def test_policy_switch_retraces_compiled_training(monkeypatch):
-    """The compiled train step is traced again after a switch, and the new trace holds one
-    recomputation wrapper per block (the wrapper runs at trace time, so counting its calls
-    counts what the graph contains)."""
-    import zoo.layers.block as block_module
-
-    traced = []
-
-    def counting(fn, *tensors):
-        traced.append(fn)
-        return recompute.recompute(fn, *tensors)
-
-    monkeypatch.setattr(block_module, "recompute", counting)
-    model = build("enc-base", "none")
-    model.compile(optimizer="adam", loss={"sequence_output": "mse", "pooled_output": "mse"})
-    x = make_inputs("enc-base", masked=False)
-    y = {"sequence_output": np.zeros((BATCH, SEQ, TINY["hidden_dim"]), "float32"),
-         "pooled_output": np.zeros((BATCH, TINY["hidden_dim"]), "float32")}
-    model.train_on_batch(x, y)
-    assert model.train_function is not None and traced == []
-    model.set_checkpointing("full")
-    assert model.train_function is None  # rebuilt (with recomputation) on the next step
-    model.train_on_batch(x, y)
-    assert len(traced) == TINY["num_layers"]  # the new graph recomputes every block
-    model.train_on_batch(x, y)
-    assert len(traced) == TINY["num_layers"]  # and is reused, not traced again
-
-
-def step_peak(name, policy, core, length, num_layers=6, chunk_size=None):
-    """Allocator peak of one forward+backward (tests.common.allocator_peak)."""
-    overrides = dict(FAMILIES[name], num_layers=num_layers, max_sequence_length=length)
-    rng = np.random.default_rng(0)
-    x = {"token_ids": rng.integers(0, TINY["vocab_size"], (2, length)).astype("int32"),
-         "padding_mask": np.ones((2, length), "int32")}
-    if zoo.spec(name).family == "bert":
-        x["segment_ids"] = np.zeros((2, length), "int32")
-    keras.utils.set_random_seed(0)
-    model = zoo.get(name, checkpointing=policy, **overrides)
+def step_peaks(model, policy, core, lengths, chunk_size=None):
+    """Allocator peaks of one forward+backward at each of `lengths` under `policy` and `core`, switched on the
+    built model (tests.common.allocator_peak). Several lengths share one trace, the length a dynamic dimension;
+    one length is traced at its static shape (selective's peak was 0.06-0.12 of none's higher with the dynamic)."""
+    model.set_checkpointing(policy)
     model.set_attention(core, chunk_size)
+    names = ["token_ids", "padding_mask"] + (["segment_ids"] if model.spec.family == "bert" else [])
 
-    @tf.function
+    dynamic = [{k: tf.TensorSpec((2, None), "int32") for k in names}] if len(lengths) > 1 else None
+
+    @tf.function(input_signature=dynamic)
     def step(x):
         with tf.GradientTape() as tape:
             loss = tf.add_n([tf.reduce_mean(tf.cast(v, "float32")) for v in model(x, training=True).values()])
         return tape.gradient(loss, model.trainable_variables)
 
-    return allocator_peak(lambda: step(x), repeats=2)  # the least of two: one call in three can peak higher
+    peaks = []
+    for length in lengths:
+        rng = np.random.default_rng(0)
+        x = {"token_ids": rng.integers(0, TINY["vocab_size"], (2, length)).astype("int32"),
+             "padding_mask": np.ones((2, length), "int32"), "segment_ids": np.zeros((2, length), "int32")}
+        x = {k: tf.constant(x[k]) for k in names}
+        peaks.append(allocator_peak(lambda: step(x), repeats=2))  # the least of two: one call in three peaks higher
+    return peaks
+
+
+def memory_model(name, num_layers, length):
+    """One model for a memory test, switched between policies and cores (building one costs as much as a trace)."""
+    keras.utils.set_random_seed(0)
+    return zoo.get(name, **dict(FAMILIES[name], num_layers=num_layers, max_sequence_length=length))
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.memory
 def test_recomputation_lowers_step_memory(name):
-    """At a sequence long enough for the attention scores to dominate (s=256: the scores' 5·a·s/h = 80 outweigh
+    """At a sequence long enough for the attention scores to dominate (s=512: the scores' 5·a·s/h = 160 outweigh
     the rest's 34), the plain core keeps less under full and selective recomputation, and the chunked core keeps
-    less than the plain one even without recomputation.
+    less than the plain one even without recomputation; one model, switched between them.
 
-    Each bound from what the technique saves per layer at this shape (6 layers, 2 x 256 x 64, dropout 0.1; one
-    [2, 256, 64] float32 tensor is 128 KiB, one [2, 4, 256, 256] score tensor 2 MiB), against a fixed part of
-    ~2 MiB (plain) to ~5 MiB (the chunked core's tiles); measured 2026-12-06 on an AVX-512 EPYC with oneDNN on
-    and off (the measured ratios beside each assert)."""
-    plain = {policy: step_peak(name, policy, "plain", 256) for policy in ("none", "selective", "full")}
-    # The encoder's `full` with the chunked core is not measured: at this shape it keeps as much as its `none`
-    # (measured 0.74-1.02 of it across runs and CPUs; an AVX2 EPYC 0.93), an open retention of FFN-sized tensors
-    # a layer (docs/checkpointing.md). The plain core's rows above show its recomputation saving.
+    Each bound from what the technique saves per layer at this shape (4 layers, 2 x 512 x 64, dropout 0.1; one
+    [2, 512, 64] float32 tensor is 256 KiB, one [2, 4, 512, 512] score tensor 8 MiB), against a fixed part of
+    ~8 MiB (plain: the backward's score gradients) and the layer the backward is in; measured 2026-12-06 on an
+    AVX-512 EPYC with oneDNN on and off (the measured ratios beside each assert)."""
+    model = memory_model(name, num_layers=4, length=512)
+    plain = {policy: step_peaks(model, policy, "plain", [512])[0] for policy in ("none", "selective", "full")}
+    # The encoder's `full` with the chunked core is not measured: it keeps nearly as much as its `none` (at
+    # 3 layers x 512 0.72 with oneDNN on, 0.86 off; at 6 layers x 256 0.74-1.02 across runs and CPUs), an open
+    # retention of FFN-sized tensors a layer (docs/checkpointing.md). The plain core's rows above show its
+    # recomputation saving.
     policies = ("none", "full") if zoo.spec(name).is_decoder else ("none",)
-    chunked = {policy: step_peak(name, policy, "chunked", 256) for policy in policies}
+    chunked = {policy: step_peaks(model, policy, "chunked", [512], chunk_size=128)[0] for policy in policies}
     print(f"\n{name} step peaks (MiB): plain { {k: round(v / 2**20, 1) for k, v in plain.items()} }, "
           f"chunked { {k: round(v / 2**20, 1) for k, v in chunked.items()} }")
-    # none keeps ~9 bytes a score (probabilities, dropout mask, dropped probabilities: ~4.5 MiB a layer) and ~16
-    # activations (2 MiB); selective drops the scores: expected (2 + 6 x 2) / (2 + 6 x 6.5) = 0.34, measured
-    # 0.41-0.49; bound 0.7.
+    # none keeps ~9 bytes a score (probabilities, dropout mask, dropped probabilities: 18 MiB a layer) and ~16
+    # activations (4 MiB): ~8 + 4 x 22 = 96 MiB. selective drops the scores but holds the layer it recomputes
+    # (22 MiB) with its score gradients (8): expected (30 + 4 x 4) / 96 = 0.48, measured 0.40-0.46; bound 0.7.
     assert plain["selective"] < 0.7 * plain["none"], plain
-    # full keeps each block's input: expected below selective; measured 0.34-0.44 of none; bound 0.6.
+    # full keeps each block's input (0.25 MiB) and the block it recomputes (22 MiB) with its backward's score
+    # gradients (8 to 16): expected (30 to 38 + 4 x 0.25) / 96 = 0.32-0.41; measured 0.39-0.44; bound 0.6.
     assert plain["full"] < 0.6 * plain["none"], plain
-    # The chunked core holds a tile's scores, not the layer's: expected (5 + 6 x 2) / (2 + 6 x 6.5) = 0.41,
-    # measured 0.42-0.48 (dropout's mask and dropped probabilities are what the plain core adds); bound 0.55.
-    assert chunked["none"] < 0.55 * plain["none"], (chunked, plain)
+    # The chunked core holds a [2, 4, 128, 128] tile's scores (0.5 MiB), not the layer's: expected
+    # (2 + 4 x 4) / 96 = 0.19, measured 0.17-0.21 (dropout's mask and dropped probabilities are what the plain
+    # core adds); bound 0.35.
+    assert chunked["none"] < 0.35 * plain["none"], (chunked, plain)
     if "full" in chunked:
-        # full keeps the input (+ the held dropout bits) where none keeps ~16 activations: expected
-        # (5 + 6 x 0.2) / (5 + 6 x 2) = 0.36; measured 0.64-0.74 (its fixed part is larger than 5); bound 0.85.
+        # full keeps the inputs (+ the held dropout bits, ~1 MiB a layer) and the block it recomputes (4 MiB) where
+        # none keeps 4 x 4: expected (2 + 4 x 1.25 + 4) / (2 + 4 x 4) = 0.61; measured 0.43-0.47; bound 0.85.
         assert chunked["full"] < 0.85 * chunked["none"], chunked
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 @pytest.mark.memory
 def test_chunked_core_step_memory_grows_less_than_quadratically(name):
-    """Quadrupling the sequence quadruples a linear core's step memory and would
-    multiply a quadratic one's by up to 16: the chunked core (128-position tiles,
-    2 layers, s=512 -> 2048) must stay well below that, while the plain core, at
-    lengths small enough to keep the test short (s=256 -> 1024), does not."""
-    short, long = (step_peak(name, "none", "chunked", s, num_layers=2, chunk_size=128) for s in (512, 2048))
-    plain_short, plain_long = (step_peak(name, "none", "plain", s, num_layers=2) for s in (256, 1024))
+    """Quadrupling the sequence (s=256 -> 1024, 2 layers) quadruples a linear core's step memory and would
+    multiply a quadratic one's by up to 16: the chunked core (64-position tiles) must stay well below that, while
+    the plain core, on the same model at the same lengths (one trace per core), does not. Measured 2026-12-06 on an
+    AVX-512 EPYC with oneDNN on and off (the ratios beside each assert)."""
+    model = memory_model(name, num_layers=2, length=1024)
+    short, long = step_peaks(model, "none", "chunked", [256, 1024], chunk_size=64)
+    plain_short, plain_long = step_peaks(model, "none", "plain", [256, 1024])
+    print(f"\n{name} chunked {short / 2**20:.1f} -> {long / 2**20:.1f} MiB, "
+          f"plain {plain_short / 2**20:.1f} -> {plain_long / 2**20:.1f} MiB")
+    # The chunked core keeps activations linear in s (~5 MiB at 256): expected 4x, measured 3.9-4.3x; bound 6.
     assert long < 6 * short, (short, long)
-    assert plain_long > 10 * plain_short, (plain_short, plain_long)  # the same test sees a quadratic core
+    # The same test sees a quadratic core: the plain one keeps 9 bytes a score, 2 x 72 MiB of its ~185 at 1024,
+    # against ~9 of ~15 at 256: expected ~12x, measured 11.1-13.7x; bound 8 (above the chunked bound and 2x linear).
+    assert plain_long > 8 * plain_short, (plain_short, plain_long)
