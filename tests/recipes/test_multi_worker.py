@@ -94,7 +94,12 @@ def wait_for_first_checkpoint(out, workers):
     deadline = time.monotonic() + 180
     while not first.exists() and time.monotonic() < deadline and all(p.poll() is None for p, _ in workers):
         time.sleep(0.2)
-    assert first.exists(), "the chief wrote no checkpoint"
+    if not first.exists():  # end the workers, or they outlive the test
+        for process, _ in workers:
+            process.kill()
+        chief_log = workers[0][1]
+        chief_log.seek(0)
+        raise AssertionError(f"no checkpoint (a worker exited, or 180 s passed): {chief_log.read()[-3000:]}")
 
 
 def seconds_until_stopped(chief, since, timeout):
