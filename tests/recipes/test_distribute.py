@@ -1,13 +1,12 @@
-"""MirroredStrategy on two logical CPU devices trains what one device trains, and
-bad strategy input is refused by name.
+"""MirroredStrategy on two logical CPU devices trains what one device trains (`fit`, the fused
+update, each recipe optimizer), and bad strategy input is refused by name.
 
 Logical devices must be configured before TensorFlow starts, and this test worker's
 TensorFlow may already run, so the training runs in one child process
-(tests/recipes/distribute_child.py) that compares one device with two replicas per
-scenario: 3 optimizer steps of `fit` with the recipe's AdamW (global-norm clipping
-1.0), dropout 0.1, from the same seed on the same global batches of 4. The fused update's
-child is test_distribute_fused.py's (a file of its own, so that the two children, minutes
-each, run on different pytest workers).
+(`python -m tests.recipes.distribute_child mirrored`), whose report every test here reads
+(one process: TensorFlow and zoo are imported once). Per `fit` scenario it compares one device
+with two replicas: 3 optimizer steps with the recipe's AdamW (global-norm clipping 1.0),
+dropout 0.1, from the same seed on the same global batches of 4.
 
 Why exact: replica r takes rows [2r, 2r+2) of each batch, draws the dropout masks of
 exactly those rows (zoo/ops/dropout.py), and the optimizer sums the replicas'
@@ -30,9 +29,11 @@ import pytest
 from recipes import distribute
 from tests.common import REPO, TINY_DEC
 from tests.recipes.distribute_child import SCENARIOS
+from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS
 
 FLOAT32_REL = 1e-5  # max |difference| / max |weight|, per variable
 BF16_REL, BF16_NORM_REL = 3e-2, 2e-3  # bfloat16 gradients are rounded per replica (module notes)
+CHILD_TIMEOUT = 1200  # seconds, for a test that reads the child's report (made in the first one's setup)
 
 
 def child_env():
@@ -41,27 +42,31 @@ def child_env():
 
 
 def child_report(tmp_path_factory, mode):
-    """The JSON report of `python -m tests.recipes.distribute_child MODE`."""
+    """The JSON report of `python -m tests.recipes.distribute_child MODE`: ~90 s alone on 2 cores, 14 minutes
+    seen on a machine loaded 7-fold (CHILD_TIMEOUT: a bound for a hung child, not for a slow one)."""
     out = tmp_path_factory.mktemp(mode) / "report.json"
     done = subprocess.run([sys.executable, "-m", "tests.recipes.distribute_child", mode, str(out)],
-                          capture_output=True, text=True, timeout=400, env=child_env(), cwd=REPO)
+                          capture_output=True, text=True, timeout=CHILD_TIMEOUT - 60, env=child_env(), cwd=REPO)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")
 def mirrored(tmp_path_factory):
-    return child_report(tmp_path_factory, "mirrored")
+    """{"fit": ..., "fused": ..., "optimizers": ..., "seconds": ...} (tests/recipes/distribute_child.py)."""
+    report = child_report(tmp_path_factory, "mirrored")
+    print(f"the mirrored child's seconds per part: {report['seconds']}")
+    return report
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(CHILD_TIMEOUT)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_mirrored_equals_one_device(mirrored, scenario):
     """`none` under mixed_bfloat16 (compared with one device under the same policy), `full` with 2
     micro-batches accumulated per update (keras #20582), and LoRA adapters under `full` (only A and B
     train: 2 x 7 projections x 2 layers; no frozen replica copy is left trainable to TensorFlow)."""
-    assert mirrored["replicas"] == 2
-    got = mirrored[scenario]
+    assert mirrored["fit"]["replicas"] == 2
+    got = mirrored["fit"][scenario]
     assert got["watched_frozen"] == 0, got
     if SCENARIOS[scenario][3]:
         assert got["trained"] == 2 * 7 * TINY_DEC["num_layers"], got
@@ -74,11 +79,50 @@ def test_mirrored_equals_one_device(mirrored, scenario):
         assert got["max_rel"] < FLOAT32_REL, got
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(CHILD_TIMEOUT)
 def test_a_global_batch_that_does_not_split_is_refused(mirrored):
-    message = mirrored["odd_batch_error"]
+    message = mirrored["fit"]["odd_batch_error"]
     assert "--batch-size 3 is the global batch" in message and "2 replicas of this mirrored run" in message
     assert "--batch-size 4 or 2" in message
+
+
+@pytest.mark.timeout(CHILD_TIMEOUT)
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_fused_update_under_mirrored_equals_one_device(mirrored, family):
+    """The fused update (zoo.training.fused) on two replicas: each block's gradients are summed across
+    replicas as they appear, the exact global clip (0.05: it scales every step) takes the norm of the
+    summed gradients, dropout 0.1 draws each replica's rows of one device's masks, and the decoder's
+    embedding is tied (its two uses are summed, then reduced once). 3 steps; every replica's copy ends
+    the same. |difference| / |weight| per variable (test_multi_worker.py says why not the elementwise max)."""
+    got = mirrored["fused"][family]
+    assert got["steps"] == [3, 3] and got["copies_equal"], got
+    assert got["norm_rel"] < 1e-6 and got["max_rel"] < 1e-5, got
+
+
+@pytest.mark.timeout(CHILD_TIMEOUT)
+def test_fused_float16_overflow_on_one_replica_skips_the_step_on_both(mirrored):
+    """Replica 1's rows weigh 1e6, so only its float16 gradients overflow: the summed norm is not finite on
+    either replica, no weight moves on any copy, the step counter stays and the loss scale halves; the next
+    steps train (every variable moves, on every copy alike)."""
+    skip, following = mirrored["fused"]["float16_skip"], mirrored["fused"]["float16_next"]
+    assert skip["unchanged"] and skip["iterations"] == 0 and skip["scale"] == [32768.0, 16384.0], skip
+    assert following["iterations"] == 2 and following["copies_equal"], following
+    assert following["moved"] == following["variables"], following
+
+
+@pytest.mark.timeout(CHILD_TIMEOUT)
+def test_each_optimizer_under_mirrored_strategy_equals_one_device(mirrored):
+    """Two replicas with different gradients (global norm ~4, clipped at 1.0) update as one
+    device applying their sum, with and without accumulation (keras #20582: plain Keras
+    fails there): `SumReplicaGradients` sums before the clip. Plain Keras' Lion clips each
+    replica's gradient first and ends elsewhere."""
+    report = mirrored["optimizers"]
+    assert report["replicas"] == 2
+    for name in RECIPE_OPTIMIZERS:
+        for k in (1, 2):
+            got = report[f"{name}-k{k}"]
+            assert got["moved"] > 1e-3 and got["rel"] < 1e-6, (name, k, got)
+    assert report["plain-keras-lion"] > 1e-3
 
 
 @pytest.mark.parametrize("text, named", [

@@ -12,7 +12,8 @@ checkpoint equal to one fused process's.
 
 Each pair of processes costs about a minute (imports, the tokenizing pipeline, tracing),
 so the stopped and the hung worker share one chain of runs: the hung run is the stopped
-run's resumption.
+run's resumption. The one-process references are made in this test process while that chain's
+workers sit idle, waiting for the chief to notice the stopped and the hung worker (`References`).
 """
 
 import json
@@ -20,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -31,9 +33,13 @@ from tests.common import REPO, TINY_RECIPE_DEC
 from tests.recipes.test_distribute import child_env
 
 STEPS = 6  # checkpoints at 2, 4, 6 (keep 2 after pruning)
-TIMEOUT = 15  # --collective-timeout of the stopped and hung workers' runs, seconds
+# --collective-timeout of the stopped and hung workers' runs, seconds. It bounds every step after the first: the
+# longest here is a paused one (pause_after: a 2 s sleep inside the step's bound, plus a tiny step, < 1 s even on
+# a loaded machine), so 8 s leaves 5 s; checkpoints are written between steps, outside the bound.
+TIMEOUT = 8
 # How long past --collective-timeout the chief may take to say that the run stopped: the watchdog's 1 s tick,
-# and a loaded machine's scheduling (measured: the message 6-10 s after a SIGSTOP, 15.4 s after a hang).
+# and a loaded machine's scheduling (measured at --collective-timeout 15: the message 6-10 s after a SIGSTOP,
+# 15.4 s after a hang).
 MARGIN = 10
 
 
@@ -88,7 +94,12 @@ def wait_for_first_checkpoint(out, workers):
     deadline = time.monotonic() + 180
     while not first.exists() and time.monotonic() < deadline and all(p.poll() is None for p, _ in workers):
         time.sleep(0.2)
-    assert first.exists(), "the chief wrote no checkpoint"
+    if not first.exists():  # end the workers, or they outlive the test
+        for process, _ in workers:
+            process.kill()
+        chief_log = workers[0][1]
+        chief_log.seek(0)
+        raise AssertionError(f"no checkpoint (a worker exited, or 180 s passed): {chief_log.read()[-3000:]}")
 
 
 def seconds_until_stopped(chief, since, timeout):
@@ -105,6 +116,19 @@ def seconds_until_stopped(chief, since, timeout):
             return None
         time.sleep(0.2)
     return None
+
+
+def while_watching(chief, since, timeout, work):
+    """`seconds_until_stopped(chief, since, timeout)`, watched from a thread while `work()` runs here: the
+    workers wait idle for the chief to notice (a stopped or hung peer), time a reference run can use."""
+    seconds = []
+    watcher = threading.Thread(target=lambda: seconds.append(seconds_until_stopped(chief, since, timeout)))
+    watcher.start()
+    try:
+        work()
+    finally:
+        watcher.join()
+    return seconds[0]
 
 
 def resume_and_finish(argv, tmp_path, out, stopped_at):
@@ -146,64 +170,47 @@ def assert_only_the_chief_wrote(out_dir, chief_pids, tmp_path, name):
         assert not [n for n in os.listdir(tmp_path / f"{name}-tmp-{index}") if n.startswith("recipes-")]
 
 
-def one_process(tmp_path_factory, recipes_news, recipes_vocab, fused):
-    """The same command on one process, in this one."""
-    from zoo.cli import main
+class References:
+    """The same command on one process, in this one, per update (fused or not): made when first asked for and
+    kept. The stopped/hung test (first in this file) makes both while its workers wait idle; the killed test
+    reads the non-fused one, or makes it when run alone."""
 
-    out = tmp_path_factory.mktemp("one-process") / "run"
-    assert main(args(out, recipes_news, recipes_vocab["llama"], fused)) == 0
-    return out
+    def __init__(self, tmp_path_factory, recipes_news, recipes_vocab):
+        self.tmp_path_factory, self.data, self.vocabulary = tmp_path_factory, recipes_news, recipes_vocab["llama"]
+        self.runs = {}
+
+    def __call__(self, fused):
+        if fused not in self.runs:
+            from zoo.cli import main
+
+            out = self.tmp_path_factory.mktemp("one-process") / "run"
+            assert main(args(out, self.data, self.vocabulary, fused)) == 0
+            self.runs[fused] = out
+        return self.runs[fused]
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, recipes_news, recipes_vocab):
-    return one_process(tmp_path_factory, recipes_news, recipes_vocab, fused=False)
+def references(tmp_path_factory, recipes_news, recipes_vocab):
+    return References(tmp_path_factory, recipes_news, recipes_vocab)
 
 
-@pytest.fixture(scope="module")
-def fused_reference(tmp_path_factory, recipes_news, recipes_vocab):
-    return one_process(tmp_path_factory, recipes_news, recipes_vocab, fused=True)
-
-
-@pytest.mark.timeout(400)
-def test_a_killed_worker_fails_both_and_the_same_commands_resume(tmp_path, recipes_news, recipes_vocab, reference):
-    """Two workers killed mid-run and started again end equal to one process (an uninterrupted pair of
-    workers is the same run without the kill, so it is not run separately), and only the chief wrote."""
-    out = tmp_path / "run"
-    argv = args(out, recipes_news, recipes_vocab["llama"])
-    # Past step 2, each batch sleeps: the kill lands mid-run, after the first checkpoint.
-    workers = start_workers(argv, tmp_path, "killed", pause_after=2)
-    wait_for_first_checkpoint(out, workers)
-    workers[1][0].send_signal(signal.SIGKILL)
-    killed_at = time.monotonic()
-    (chief_code, chief_output), (worker_code, _) = finish(workers, timeout=120)
-    assert worker_code == -signal.SIGKILL
-    assert chief_code == 3 and time.monotonic() - killed_at < 120, chief_output[-3000:]
-    assert "another worker died or became unreachable" in chief_output, chief_output[-3000:]
-    assert "Start the same command again on every host to resume" in chief_output
-    stopped_at = state.checkpoints(str(out))[-1][0]
-    assert 2 <= stopped_at < STEPS
-
-    resumed = resume_and_finish(argv, tmp_path, out, stopped_at)
-    assert_equal_to(out, reference)
-    assert_only_the_chief_wrote(out, {workers[0][0].pid, resumed[0][0].pid}, tmp_path, "resumed")
-
-
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(480)  # both references are made in it (`References`)
 def test_a_stopped_then_a_hung_worker_are_caught_and_fused_workers_resume(
-        tmp_path, recipes_news, recipes_vocab, fused_reference):
+        tmp_path, recipes_news, recipes_vocab, references):
     """Two workers under the fused update (each block's gradients all-reduced as they appear).
     1. Worker 1 is stopped (SIGSTOP: alive, its connections open) after the step-2 checkpoint. The chief
-    says the run stopped, with the lost-worker message, within --collective-timeout plus a margin:
-    TensorFlow's coordination service notices the stopped heartbeats first here (~10 s), else the step
-    watchdog fires; it exits with the lost-worker code. Woken (SIGCONT), worker 1 stops too.
+    says the run stopped, with the lost-worker message, within --collective-timeout plus a margin: the
+    step watchdog (8 s) or TensorFlow's coordination service (the stopped heartbeats, ~10 s), whichever
+    fires first; it exits with the lost-worker code. Woken (SIGCONT), worker 1 stops too.
     2. The same commands resume from step 2 and write the step-4 checkpoint, equal to one fused process's;
     after step 5, worker 1's main thread stops for good while its other threads (TensorFlow's heartbeats)
     go on: no collective fails and the coordination service sees a healthy task. The chief's step watchdog
     ends the chief within --collective-timeout plus its 1 s tick, with the lost-worker message and exit
     code. Step 5, not 4: an epoch here is 2 steps (--log-every), and after an epoch's last step the chief
     waits outside a step, which the watchdog does not bound (a hang after step 4 was caught after 22 s,
-    by the coordination service, once worker 1's own watchdog had ended it)."""
+    by the coordination service, once worker 1's own watchdog had ended it).
+    While the chief has yet to notice the stopped worker, then the hung one, this process makes the
+    references (`References`), on a thread's watch."""
     out = tmp_path / "run"
     argv = args(out, recipes_news, recipes_vocab["llama"], fused=True) + ["--collective-timeout", str(TIMEOUT)]
     workers = start_workers(argv, tmp_path, "stopped", pause_after=2)
@@ -211,7 +218,7 @@ def test_a_stopped_then_a_hung_worker_are_caught_and_fused_workers_resume(
     workers[1][0].send_signal(signal.SIGSTOP)
     stopped = time.monotonic()
     try:
-        caught_after = seconds_until_stopped(workers[0], stopped, TIMEOUT + 60)
+        caught_after = while_watching(workers[0], stopped, TIMEOUT + 60, lambda: references(fused=False))
     finally:
         workers[1][0].send_signal(signal.SIGCONT)
     stopped_at = state.checkpoints(str(out))[-1][0]
@@ -233,7 +240,7 @@ def test_a_stopped_then_a_hung_worker_are_caught_and_fused_workers_resume(
             time.sleep(0.2)
         assert marker.exists(), "worker 1 never reached step 5"
         hung = time.monotonic()
-        caught_after = seconds_until_stopped(resumed[0], hung, TIMEOUT + 60)
+        caught_after = while_watching(resumed[0], hung, TIMEOUT + 60, lambda: references(fused=True))
         (chief_code, chief_output), = finish(resumed[:1], timeout=30)  # the watchdog exits at once
     finally:
         for process, _ in resumed:  # the hung worker 1; both, if an assert above failed
@@ -248,7 +255,31 @@ def test_a_stopped_then_a_hung_worker_are_caught_and_fused_workers_resume(
     for output in (chief_output, worker_output):
         assert "Resuming dec-base from step 2" in output, output[-3000:]
     assert [step for step, _ in state.checkpoints(str(out))] == [2, 4]
-    assert_equal_to(out, fused_reference, step=4)
+    assert_equal_to(out, references(fused=True), step=4)
+
+
+@pytest.mark.timeout(400)
+def test_a_killed_worker_fails_both_and_the_same_commands_resume(tmp_path, recipes_news, recipes_vocab, references):
+    """Two workers killed mid-run and started again end equal to one process (an uninterrupted pair of
+    workers is the same run without the kill, so it is not run separately), and only the chief wrote."""
+    out = tmp_path / "run"
+    argv = args(out, recipes_news, recipes_vocab["llama"])
+    # Past step 2, each batch sleeps: the kill lands mid-run, after the first checkpoint.
+    workers = start_workers(argv, tmp_path, "killed", pause_after=2)
+    wait_for_first_checkpoint(out, workers)
+    workers[1][0].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    (chief_code, chief_output), (worker_code, _) = finish(workers, timeout=120)
+    assert worker_code == -signal.SIGKILL
+    assert chief_code == 3 and time.monotonic() - killed_at < 120, chief_output[-3000:]
+    assert "another worker died or became unreachable" in chief_output, chief_output[-3000:]
+    assert "Start the same command again on every host to resume" in chief_output
+    stopped_at = state.checkpoints(str(out))[-1][0]
+    assert 2 <= stopped_at < STEPS
+
+    resumed = resume_and_finish(argv, tmp_path, out, stopped_at)
+    assert_equal_to(out, references(fused=False))
+    assert_only_the_chief_wrote(out, {workers[0][0].pid, resumed[0][0].pid}, tmp_path, "resumed")
 
 
 def test_collective_timeout_is_checked():
