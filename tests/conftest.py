@@ -20,7 +20,7 @@ from tools.assets import AssetUnavailable, fetch
 # --dist loadfile hands out files in collection order, so a long file collected last (test_recompute) kept one
 # worker busy minutes after the other had finished.
 LONGEST_FIRST = ["test_recompute.py", "test_measure.py", "test_multi_worker.py", "test_export.py", "test_recipes.py",
-                 "test_fused_precision.py", "test_distribute.py", "test_hub.py", "test_distribute_fused.py",
+                 "test_fused_precision.py", "test_distribute.py", "test_hub.py",
                  "test_loading_big.py", "test_dpo.py", "test_lora.py", "test_resume.py", "test_lora_recipes.py",
                  "test_fused_recipes.py", "test_pretrained.py", "test_registry.py", "test_hub_real.py"]
 
