@@ -129,7 +129,7 @@ def _tokenizer(recipe, out_dir, train_docs, scratch):
     (written to `scratch`)."""
     family = vocab_lib.family_of(recipe.spec)
     saved = os.path.join(out_dir, TOKENIZER_DIR)
-    if (tokenizer := saved_tokenizer(recipe, out_dir)) is not None:
+    if state.resumes(out_dir) and (tokenizer := saved_tokenizer(recipe, out_dir)) is not None:
         return tokenizer, saved
     if recipe.weights:
         tokenizer = pretrained.tokenizer(recipe.weights)

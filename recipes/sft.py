@@ -19,7 +19,7 @@ import os
 
 import keras
 
-from recipes import pretrained, runner
+from recipes import pretrained, runner, state
 from recipes import sft_data as data
 from zoo.chat import ChatTemplate, ChatTokenizer, EncodedChat
 from zoo.loading import TOKENIZER_DIR
@@ -30,7 +30,7 @@ def chat_template(recipe, out_dir) -> ChatTemplate | None:
     recipe's `chat_template` file, or the checkpoint's own; None for a checkpoint without one
     (then only plain rows can train)."""
     saved = os.path.join(out_dir, TOKENIZER_DIR)
-    if os.path.isdir(saved):
+    if os.path.isdir(saved) and state.resumes(out_dir):
         return ChatTemplate.of(saved)
     folder = pretrained.checkpoint(recipe.weights).folder
     if recipe.chat_template:
@@ -42,7 +42,7 @@ def tokenizer_and_template(recipe, out_dir) -> tuple[ChatTokenizer, ChatTemplate
     """The run's tokenizer (as transformers tokenizes: tokenizer.json) and chat template: those saved
     with a resumed run, else the checkpoint's (the DPO recipe reads them the same way)."""
     saved = os.path.join(out_dir, TOKENIZER_DIR)
-    source = saved if os.path.isdir(saved) else pretrained.checkpoint(recipe.weights).folder
+    source = saved if os.path.isdir(saved) and state.resumes(out_dir) else pretrained.checkpoint(recipe.weights).folder
     return ChatTokenizer.from_folder(source), chat_template(recipe, out_dir)
 
 

@@ -61,6 +61,8 @@ def check_compatible(out_dir, meta):
             raise ValueError(f"out_dir {out_dir!r} holds checkpoints but no {RUN_FILE}; it is not a recipes run. "
                              "Pass an empty or new --out-dir.")
         return
+    if not resumes(out_dir):
+        return  # stopped before its first checkpoint (a refused batch size, a crash while building): nothing to keep
     if old["spec"] != meta["spec"] or old["task"] != meta["task"]:
         raise ValueError(
             f"out_dir {out_dir!r} holds a checkpoint of another model ({old['model']!r}, task {old['task']!r}, "
@@ -91,6 +93,12 @@ def checkpoints(out_dir):
     found = [(int(n.split("-")[1]), os.path.join(root, n)) for n in os.listdir(root)
              if n.startswith("step-") and "." not in n]
     return sorted(found)
+
+
+def resumes(out_dir) -> bool:
+    """Whether a run on `out_dir` resumes (a checkpoint to start from) rather than starting fresh: a folder a run
+    left before its first checkpoint holds nothing trained, and its run.json and tokenizer are written again."""
+    return bool(checkpoints(out_dir))
 
 
 def discard_partial(out_dir):
@@ -168,23 +176,24 @@ class CorruptCheckpoint(ValueError):
     """A checkpoint's files cannot be read whole (truncated, overwritten, missing): the disk's doing, not the run's."""
 
 
-def _read(folder):
-    """(state.json, model arrays, optimizer arrays) of a checkpoint, every file read before anything is assigned."""
+def _read(folder, name):
+    """One file of a checkpoint (state.json or a safetensors file); one that cannot be read: CorruptCheckpoint."""
+    path = os.path.join(folder, name)
     try:
-        state = read_json(os.path.join(folder, "state.json"))
-        model = load_safetensors(os.path.join(folder, "model.safetensors"))
-        return state, model, load_safetensors(os.path.join(folder, "optimizer.safetensors"))
+        return read_json(path) if name.endswith(".json") else load_safetensors(path)
     except (UnreadableFile, OSError) as error:  # truncated, overwritten or missing
         raise CorruptCheckpoint(str(error)) from None
 
 
 def restore(folder, model, optimizer, base=None) -> int:
     """Load a checkpoint into the built model and optimizer; with LoRA, `base` (the run's base
-    record) must be the one the checkpoint was trained on. Returns its step."""
-    state, model_arrays, optimizer_arrays = _read(folder)
+    record) must be the one the checkpoint was trained on. Returns its step. Every file is read
+    before anything is assigned: a corrupt one changes nothing."""
+    state = _read(folder, "state.json")
     if state.get("base") and base:
         check_base(state["base"], found=base)
     _check_optimizer(folder, state["optimizer_variables"], optimizer)
+    model_arrays, optimizer_arrays = _read(folder, "model.safetensors"), _read(folder, "optimizer.safetensors")
     _assign(model_variables(model), model_arrays, state["model_variables"], "model", folder)
     _assign(optimizer.variables, optimizer_arrays, state["optimizer_variables"], "optimizer", folder)
     return state["step"]

@@ -171,6 +171,7 @@ def test_a_run_from_before_the_optimizer_field_resumes_as_adamw(tmp_path):
     meta = {"model": "dec-base", "task": recipe.task, "spec": recipe.spec.to_dict(), "recipe": recipe.to_dict()}
     old = {**meta, "recipe": {k: v for k, v in meta["recipe"].items() if k != "optimizer"}}
     (tmp_path / state.RUN_FILE).write_text(json.dumps(old))
+    (tmp_path / state.CHECKPOINTS / "step-000000002").mkdir(parents=True)  # a run to resume, not a fresh start
     assert state.read_run(str(tmp_path))["recipe"]["optimizer"] == "adamw"
     state.check_compatible(str(tmp_path), meta)
     lion = {**meta, "recipe": recipe.replace(optimizer="lion").to_dict()}
@@ -188,6 +189,7 @@ def test_a_run_of_keras_adafactor_names_keras_adafactor(tmp_path):
     meta = {"model": "dec-base", "task": recipe.task, "spec": recipe.spec.to_dict(), "recipe": recipe.to_dict()}
     old = {k: v for k, v in meta["recipe"].items() if k not in ("weights_dtype", "rounding")}
     (tmp_path / state.RUN_FILE).write_text(json.dumps({**meta, "recipe": {**old, "optimizer": "adafactor"}}))
+    (tmp_path / state.CHECKPOINTS / "step-000000002").mkdir(parents=True)  # a run to resume, not a fresh start
     assert state.read_run(str(tmp_path))["recipe"]["optimizer"] == "keras-adafactor"
     state.check_compatible(str(tmp_path), meta)
     factored = {**meta, "recipe": recipe.replace(optimizer="adafactor").to_dict()}

@@ -258,10 +258,11 @@ def test_bad_input_fails_before_training(tmp_path, recipes_news, recipes_vocab):
     write_json(os.path.join(out, state.RUN_FILE), {
         "model": other.model, "task": other.task, "spec": other.spec.to_dict(), "recipe": other.to_dict(),
         "labels": None})
+    os.makedirs(os.path.join(out, state.CHECKPOINTS, "step-000000002"))  # a run to resume, not a fresh start
     before = _snapshot(out)
     with pytest.raises(ValueError, match="holds a checkpoint of another model \\('dec-base'"):
         recipes.run(recipe, recipes_news, out, column="text")
-    assert _snapshot(out) == before and sorted(os.listdir(out)) == [state.RUN_FILE]
+    assert _snapshot(out) == before and sorted(os.listdir(out)) == sorted([state.RUN_FILE, state.CHECKPOINTS])
 
 
 def _zoo(argv):

@@ -3,12 +3,14 @@ stop a resume: the run goes back to the newest checkpoint that reads whole, name
 keeps it aside, unchanged. With none intact the run says so and resumes nothing."""
 
 import hashlib
+import json
 import os
 
 import keras
 import numpy as np
 import pytest
 
+import recipes
 from recipes import state
 
 
@@ -91,3 +93,20 @@ def test_a_checkpoint_of_another_model_is_refused_not_skipped(tmp_path):
     with pytest.raises(ValueError, match="model variable .* has shape"):
         state.restore_latest(out, *model_and_optimizer())
     assert [s for s, _ in state.checkpoints(out)] == [2, 4]
+
+
+def test_a_folder_without_a_checkpoint_starts_fresh(tmp_path):
+    """A run stopped before its first checkpoint (refused, or crashed while building) left run.json and nothing
+    trained: the corrected command (another batch size, another model) starts fresh there instead of being refused
+    as a different run; once a checkpoint exists, it is a run to resume and a different recipe is refused."""
+    out = str(tmp_path)
+    first, corrected = (recipes.get("dec-base", batch_size=size) for size in (16, 4))
+    meta = {name: {"model": "dec-base", "task": r.task, "spec": r.spec.to_dict(), "recipe": r.to_dict()}
+            for name, r in (("first", first), ("corrected", corrected))}
+    (tmp_path / state.RUN_FILE).write_text(json.dumps(meta["first"]))
+    assert not state.resumes(out)
+    state.check_compatible(out, meta["corrected"])
+    state.save(out, 2, *model_and_optimizer())
+    assert state.resumes(out)
+    with pytest.raises(ValueError, match=r"different recipe \(fields \['batch_size'\] differ\)"):
+        state.check_compatible(out, meta["corrected"])
