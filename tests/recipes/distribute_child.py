@@ -14,7 +14,9 @@ created before TensorFlow runs anything, so each scenario runs in a fresh proces
             on one replica only: the distances and what moved;
         "optimizers": per recipe optimizer, with and without accumulation, 2 updates with different
             gradients on each replica and their sum on one device: how far apart the weights end (and
-            how far plain Keras' Lion ends).
+            how far plain Keras' Lion ends);
+        "trained_positions": the LM head on trained positions only (tests/zoo/test_trained_positions.py) on
+            two replicas against the full head on one device.
     python -m tests.recipes.distribute_child cli PAUSE_AFTER_STEP train ...
         `zoo train ...` (TF_CONFIG from the environment); past optimizer step PAUSE_AFTER_STEP
         (0: never) every batch sleeps 2 s, so that a test can kill a worker mid-run; with
@@ -40,7 +42,7 @@ def split_cpu(n):
 # rounded per replica), `full` with accumulation (recomputation in a replica, keras #20582), and LoRA adapters
 # (zoo.lora, every projection) under `full`. `selective` recomputes through the same wrapper as `full`
 # (zoo.ops.recompute), only around the attention core, so it adds no path under a strategy; each fit traces
-# anew, about 10 s, and one child process must stay short.
+# anew, about 10 s, and one child process must stay short: one block each (a replica runs the same code per block).
 SCENARIOS = {
     "none-bf16": ("none", "mixed_bfloat16", 1, False),
     "full-accumulation": ("full", "float32", 2, False),
@@ -83,7 +85,7 @@ def fit_scenarios(one, two):
     report = {"replicas": two.replicas}
     for name, (policy, precision, k, lora) in SCENARIOS.items():
         recipe = recipes.get("dec-base").replace(
-            model_overrides={**TINY_DEC, "dropout": 0.1}, checkpointing=policy, precision=precision,
+            model_overrides={**TINY_DEC, "dropout": 0.1, "num_layers": 1}, checkpointing=policy, precision=precision,
             accumulation_steps=k, batch_size=4, steps=3, warmup_steps=1, learning_rate=1e-3, clipnorm=1.0)
         (a, _), (b, watched_frozen) = (_fit(one, recipe, dataset, 3 * k, lora), _fit(two, recipe, dataset, 3 * k, lora))
         report[name] = {
@@ -117,7 +119,7 @@ def fused(one, two):
         runs = []
         for cluster in (one, two):
             with cluster.scope():
-                model = cluster.prepare(build(family, tied=tied, fused="global", clip=CLIP))
+                model = cluster.prepare(build(family, tied=tied, fused="global", clip=CLIP, num_layers=1))
                 model.run_eagerly = family == "bert"  # the traced step (merge_call rules) is the decoder's
                 model.fit(cluster.distribute(batches(family, batch=4)), epochs=1, steps_per_epoch=3, verbose=0)
             runs.append((_copies(cluster, model), int(model.optimizer.iterations.numpy()),
@@ -133,7 +135,7 @@ def fused(one, two):
 
     # mixed_float16: replica 1's rows weigh 1e6, so only its float16 gradients overflow.
     with two.scope():
-        model = two.prepare(build("llama", precision="mixed_float16", fused="global", clip=1.0))
+        model = two.prepare(build("llama", precision="mixed_float16", fused="global", clip=1.0, num_layers=1))
         (x, y), = batches("llama", batch=4, steps=1).take(1)
         heavy = tf.constant([1.0, 1.0, 1e6, 1e6])
         before, scale = _copies(two, model), float(model.optimizer.dynamic_scale.numpy())
@@ -213,8 +215,8 @@ def optimizers(two):
 
 
 def mirrored(out):
-    """One device against MirroredStrategy(2) on two logical CPU devices: `fit`, the fused update and the
-    recipe optimizers, under one strategy (module notes), reported in one JSON file."""
+    """One device against MirroredStrategy(2) on two logical CPU devices: `fit`, the fused update, the
+    recipe optimizers and the trained-positions loss, under one strategy (module notes), reported in one JSON file."""
     split_cpu(2)
     import json
 
@@ -222,8 +224,11 @@ def mirrored(out):
 
     one, two = distribute.make(None), distribute.make("mirrored", ["CPU:0", "CPU:1"])
     report, seconds = {}, {}
+    from tests.zoo.test_trained_positions import mirrored_report
+
     for name, part in (("fit", lambda: fit_scenarios(one, two)), ("fused", lambda: fused(one, two)),
-                       ("optimizers", lambda: optimizers(two.strategy))):
+                       ("optimizers", lambda: optimizers(two.strategy)),
+                       ("trained_positions", lambda: mirrored_report(two.strategy))):
         began = time.monotonic()
         report[name] = part()
         seconds[name] = round(time.monotonic() - began, 1)

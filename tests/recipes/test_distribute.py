@@ -27,7 +27,7 @@ import sys
 import pytest
 
 from recipes import distribute
-from tests.common import REPO, TINY_DEC
+from tests.common import REPO
 from tests.recipes.distribute_child import SCENARIOS
 from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS
 
@@ -64,12 +64,12 @@ def mirrored(tmp_path_factory):
 def test_mirrored_equals_one_device(mirrored, scenario):
     """`none` under mixed_bfloat16 (compared with one device under the same policy), `full` with 2
     micro-batches accumulated per update (keras #20582), and LoRA adapters under `full` (only A and B
-    train: 2 x 7 projections x 2 layers; no frozen replica copy is left trainable to TensorFlow)."""
+    train: 2 x 7 projections x 1 layer; no frozen replica copy is left trainable to TensorFlow)."""
     assert mirrored["fit"]["replicas"] == 2
     got = mirrored["fit"][scenario]
     assert got["watched_frozen"] == 0, got
     if SCENARIOS[scenario][3]:
-        assert got["trained"] == 2 * 7 * TINY_DEC["num_layers"], got
+        assert got["trained"] == 2 * 7 * 1, got  # one block (distribute_child.SCENARIOS)
     if SCENARIOS[scenario][1] == "mixed_bfloat16":
         assert got["max_rel"] < BF16_REL and got["norm_rel"] < BF16_NORM_REL, got
     elif SCENARIOS[scenario][3]:  # B starts at 0: after 3 Adam steps its entries are ~3 x lr, so the replicas'
@@ -80,6 +80,14 @@ def test_mirrored_equals_one_device(mirrored, scenario):
 
 
 @pytest.mark.timeout(CHILD_TIMEOUT)
+def test_the_head_on_trained_positions_under_mirrored_equals_one_device(mirrored):
+    """Each replica skips its own untrained chunks (8 trained positions on one, 1 on the other): the summed loss
+    and gradients equal the full head's on the whole batch (tests/zoo/test_trained_positions.mirrored_report)."""
+    report = mirrored["trained_positions"]
+    assert report["loss"] == pytest.approx(report["full_loss"], rel=1e-6)
+    assert report["gradient_difference"] <= 1e-6 * report["gradient_scale"], report
+
+
 def test_a_global_batch_that_does_not_split_is_refused(mirrored):
     message = mirrored["fit"]["odd_batch_error"]
     assert "--batch-size 3 is the global batch" in message and "2 replicas of this mirrored run" in message

@@ -3,10 +3,6 @@ whose prompts and padding are most positions it equals Keras' SparseCategoricalC
 logits (the full-head path) in loss, metrics and every variable's gradient, eagerly, in tf.function, under XLA
 and under MirroredStrategy on two logical CPU devices; and the head really runs on fewer positions."""
 
-import json
-import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -14,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import zoo
-from tests.common import REPO, TINY_DEC
+from tests.common import TINY_DEC
 from zoo.ops.lm_loss import chunked_lm_loss, trained_chunk, trained_first
 
 VOCAB, BATCH, SEQ = 97, 3, 24
@@ -150,22 +146,11 @@ def test_bad_input():
         model.set_loss_chunk(None, trained_only="yes")
 
 
-def test_mirrored_strategy_equals_one_device():
+def mirrored_report(strategy) -> dict:
     """Two replicas whose halves of the batch hold different numbers of trained positions (each replica skips
-    its own chunks): the summed loss and gradients equal the full head's on the whole batch."""
-    done = subprocess.run([sys.executable, "-m", "tests.zoo.test_trained_positions"], capture_output=True,
-                          text=True, timeout=120, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["loss"] == pytest.approx(report["full_loss"], rel=1e-6)
-    assert report["gradient_difference"] <= 1e-6 * report["gradient_scale"], report
-
-
-def _mirrored_child():
-    """Run in a fresh process: logical devices are fixed when TensorFlow starts."""
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    its own chunks) against the full head on the whole batch: run by tests/recipes/distribute_child.py under its
+    MirroredStrategy on two logical CPUs (a second strategy in that process would clash with its collectives);
+    tests/recipes/test_distribute.py asserts the summed loss and gradients are equal."""
     keras.utils.set_random_seed(0)
     head = keras.layers.Dense(VOCAB, use_bias=False)
     head.build((None, None, 16))
@@ -185,7 +170,6 @@ def _mirrored_child():
 
     full = grads(lambda h, y, w: keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, head(h), w),
                  hidden, y, w)
-    strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
     data = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors((hidden, y, w)).unbatch().batch(4))
 
     @tf.function
@@ -201,9 +185,5 @@ def _mirrored_child():
     loss, d_h, d_kernel = step(next(iter(data)))
     difference = max(float(tf.reduce_max(tf.abs(a - b))) for a, b in ((d_h, full[1][0]), (d_kernel, full[1][1])))
     scale = max(float(tf.reduce_max(tf.abs(g))) for g in full[1])
-    print(json.dumps({"loss": float(loss), "full_loss": float(full[0]), "gradient_difference": difference,
-                      "gradient_scale": scale}))
-
-
-if __name__ == "__main__":
-    _mirrored_child()
+    return {"loss": float(loss), "full_loss": float(full[0]), "gradient_difference": difference,
+            "gradient_scale": scale}
