@@ -45,7 +45,7 @@ MARGIN = 10
 
 def args(out_dir, data, vocabulary, fused=False):
     """The non-fused run accumulates 2 micro-batches per update; the fused one cannot (zoo.checks.fused)."""
-    shape = {**TINY_RECIPE_DEC, "dropout": 0.1}
+    shape = {**TINY_RECIPE_DEC, "dropout": 0.1, "num_layers": 1}  # one block: what a worker runs per block
     argv = ["train", "dec-base", "--data", data, "--text-column", "text", "--vocabulary", vocabulary,
             "--out-dir", str(out_dir), "--steps", str(STEPS), "--batch-size", "4", "--sequence-length", "32",
             "--log-every", "2", "--checkpoint-every", "2", "--learning-rate", "1e-3",
