@@ -27,18 +27,6 @@ LAYOUT = {
 }
 
 
-@pytest.fixture(scope="module")
-def loaded():
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = hub.load(FIXTURES / name)
-        return cache[name]
-
-    return get
-
-
 @pytest.mark.parametrize("name", NEW)
 def test_fixtures_match_transformers(name, loaded):
     """Logits and last hidden states (real positions) within 1e-5 of transformers' (float32;

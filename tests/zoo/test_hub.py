@@ -104,19 +104,6 @@ def copied(folder, to):
     return Path(shutil.copytree(folder, to))
 
 
-@pytest.fixture(scope="module")
-def loaded():
-    """`loaded(name)` -> the model hub.load reads from FIXTURES/name, once for the module; tests only read it."""
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = hub.load(FIXTURES / name)
-        return cache[name]
-
-    return get
-
-
 @pytest.mark.parametrize("family,task,kw", CASES, ids=lambda c: str(c))
 def test_round_trip_is_bit_exact(saved, family, task, kw):
     model, folder = saved(family, task, **kw)
