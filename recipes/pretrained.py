@@ -34,8 +34,7 @@ def checkpoint(weights: str) -> Checkpoint:
                          "then start from --weights MERGED.")
     if not path.is_file():
         raise FileNotFoundError(f"{weights} has no config.json; --weights takes a Hugging Face model folder "
-                                "or Hub repo id." + "".join(f" {zoo.hub.gguf_needs_converting(p)}"
-                                                            for p in sorted(folder.glob("*.gguf"))[:1]))
+                                "or Hub repo id." + zoo.hub.gguf_hint(folder))
     config = read_json(path)
     spec, task, _ = zoo.hub.spec_from_config(config)
     id2label = config.get("id2label")

@@ -164,6 +164,12 @@ def gguf_needs_converting(path) -> str:
             "then pass the folder it writes.")
 
 
+def gguf_hint(folder) -> str:
+    """What to do, after a space, for a folder that holds a GGUF file where config.json was looked for; else ""."""
+    found = sorted(Path(folder).glob("*.gguf"))
+    return f" {gguf_needs_converting(found[0])}" if found else ""
+
+
 def local_folder(repo_id_or_path) -> Path:
     """A local folder as is, or a Hub repo id downloaded through `huggingface_hub` (its
     cache, `HF_HUB_OFFLINE`, `HF_TOKEN`), fetching only config, safetensors and
@@ -262,7 +268,7 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
     config = read_json(folder / "config.json")
     if not config:
         raise FileNotFoundError(f"{folder} has no config.json; it is not a Hugging Face model folder."
-                                + "".join(f" {gguf_needs_converting(p)}" for p in sorted(folder.glob("*.gguf"))[:1]))
+                                + gguf_hint(folder))
     if adapter is not None:
         read_config(adapter)  # refuse an unreadable adapter before building the model
     spec, own_task, task_args = spec_from_config(config)
