@@ -21,6 +21,7 @@ and differ between runs.
 import csv
 import json
 import os
+import weakref
 
 import keras_hub
 import tensorflow as tf
@@ -161,10 +162,21 @@ def labels_of(docs: tf.data.Dataset) -> list:
 
 
 # ----------------------------------------------------------------------------- tasks
+_TRACED = weakref.WeakKeyDictionary()
+
+
+def traced(tokenizer):
+    """`tokenizer` as one tf.function shared by every pipeline that maps it (training, validation,
+    evaluation): each `map` would otherwise trace keras-hub's tokenizer graph anew, ~1 s for BPE."""
+    if tokenizer not in _TRACED:
+        _TRACED[tokenizer] = tf.function(tokenizer)
+    return _TRACED[tokenizer]
+
+
 def _chunks(docs, tokenizer, length, separator=None):
     """Tokenize, join documents (with `separator` between them) and cut into rows
     of exactly `length` tokens; the tail shorter than a row is dropped."""
-    tokens = docs.batch(16).map(tokenizer, num_parallel_calls=AUTOTUNE)
+    tokens = docs.batch(16).map(traced(tokenizer), num_parallel_calls=AUTOTUNE)
     if separator is not None:
         tokens = tokens.map(lambda t: tf.concat([t, tf.fill([t.nrows(), 1], separator)], axis=1))
     return tokens.map(lambda t: t.flat_values).unbatch().batch(length, drop_remainder=True)
@@ -185,7 +197,8 @@ def _classify_rows(docs, tokenizer, recipe, ids, labels):
         sequence_length=recipe.sequence_length, start_value=ids["cls"], end_value=ids["sep"], pad_value=ids["pad"],
     )
     lookup = tf.keras.layers.StringLookup(vocabulary=labels, num_oov_indices=0) if labels else None
-    return docs.map(lambda text, label: (packer(tokenizer(text)), tf.cast(lookup(label), "int32")),
+    tokenize = traced(tokenizer)
+    return docs.map(lambda text, label: (packer(tokenize(text)), tf.cast(lookup(label), "int32")),
                     num_parallel_calls=AUTOTUNE)
 
 

@@ -340,9 +340,10 @@ def train_and_save(recipe, model, cluster, out_dir, start, train_data, valid=Non
     result = Result(out_dir=out_dir, start_step=start, step=start, model=model)
     valid_steps = None
     if valid is not None:
-        valid = valid.take(validation_batches)
         # fit keeps one validation iterator for the whole run: a known count over a repeated set
-        # evaluates the same batches every interval, and never "runs out of data".
+        # evaluates the same batches every interval, and never "runs out of data". The count is one pass
+        # over the held-out batches; cached (a few batches), later intervals do not tokenize them again.
+        valid = valid.take(validation_batches).cache()
         valid_steps = int(valid.reduce(0, lambda count, _: count + 1))
         if not valid_steps:
             raise ValueError(f"validation_every={validation_every} holds out too little text for one batch of "
