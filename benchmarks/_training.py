@@ -67,8 +67,8 @@ def compiled_model(model, policy, precision, seq, core=None, chunk_size=None, op
     m = zoo.get(model, checkpointing=policy, dtype=precision, task=task, **overrides)
     if core is not None or chunk_size is not None:
         m.set_attention(core or m.attention[0], chunk_size)
-    if quantize:  # LoRA on a frozen quantized base (zoo.lora), as `zoo train --lora-rank --quantize` builds it
-        zoo.lora.quantize_base(m, quantize)
+    if quantize:  # LoRA on a frozen quantized base, as `zoo train --lora-rank --quantize` builds it
+        zoo.quantization.quantize_base(m, quantize)
     if lora_rank:
         zoo.lora.enable_lora(m, lora_rank, 2 * lora_rank, lora_targets)
     if task == "causal_lm":  # None: the chunked loss's default; 0: the whole logits

@@ -11,7 +11,7 @@ holds the float model), then loads it in a fresh process with `zoo.hub.load(fold
 checkpoint is written by another child, since a child's high-water mark starts at its parent's RSS at
 the fork), TensorFlow's allocator peak, the quantized model's bytes
 and seconds, beside `zoo.memory.loading_peak`'s plan. The folder is removed after. `--old` also runs
-the path before issue 36 (load in float, then `zoo.lora.quantize_base`) in another fresh process.
+the path before issue 36 (load in float, then `zoo.quantization.quantize_base`) in another fresh process.
 
 step: one QLoRA step (LoRA r16 on every linear projection, `full` checkpointing, mixed_bfloat16, AdamW,
 global clip 1.0) on the checkpoint loaded into int4, timed, with the allocator peak against
@@ -80,13 +80,13 @@ def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, sli
         write_checkpoint(name, folder)
         return {}
     if slice_floats:
-        zoo.lora.QUANTIZE_SLICE = slice_floats
+        zoo.quantization.QUANTIZE_SLICE = slice_floats
 
     tf.config.experimental.reset_memory_stats("CPU:0")
     start = time.perf_counter()
     if kind == "old":
         model = zoo.hub.load(folder, dtype=dtype, tokenizer=False)
-        zoo.lora.quantize_base(model, quantize)
+        zoo.quantization.quantize_base(model, quantize)
     else:
         checkpointing = "full" if kind == "step" else None
         model = zoo.hub.load(folder, dtype=dtype, tokenizer=False, quantize=quantize, checkpointing=checkpointing)

@@ -4,7 +4,7 @@
     python benchmarks/lora_keras_facts.py --tokens 8x512 --dtype bfloat16   # the 1B training shape
 
 A. Which layers `Model.quantize(mode)` quantizes in a zoo decoder and encoder, with Keras'
-   defaults and with `zoo.lora.quantize_base` (weight-only configs, `type_check=False` for
+   defaults and with `zoo.quantization.quantize_base` (weight-only configs, `type_check=False` for
    keras-hub's ReversibleEmbedding, the new classifier left float).
 B. One dec-1b-sized projection (2048 -> 5632, the MLP's gate/up) with LoRA r16, forward and
    backward (input and adapter gradients, from a given output gradient) on `--tokens` tokens:
@@ -41,7 +41,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import zoo  # noqa: E402
-from zoo import lora  # noqa: E402
+from zoo import lora, quantization  # noqa: E402
+from zoo.ops.scratch_graphs import release_scratch_graphs  # noqa: E402
 
 TINY_DEC = dict(num_layers=2, hidden_dim=64, num_heads=4, num_kv_heads=2, intermediate_dim=128, vocab_size=128)
 TINY_ENC = dict(num_layers=2, hidden_dim=64, num_heads=4, intermediate_dim=128, vocab_size=128)
@@ -56,7 +57,7 @@ def quantized_layers(model):
 def coverage():
     rows = {}
     for name, shape, task in (("dec-base", TINY_DEC, "causal_lm"), ("enc-mini", TINY_ENC, "classifier")):
-        for mode in lora.QUANTIZATION_MODES:
+        for mode in quantization.QUANTIZATION_MODES:
             model = zoo.get(name, task=task, **shape)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -65,9 +66,9 @@ def coverage():
                               if "does not have a `quantize`" in str(w.message)})
             keras_default = quantized_layers(model)
             model = zoo.get(name, task=task, **shape)
-            lora.quantize_base(model, mode)
+            quantization.quantize_base(model, mode)
             rows[f"{name} {mode}"] = {"Model.quantize": keras_default, "refused (warning)": refused,
-                                      "zoo.lora.quantize_base": quantized_layers(model),
+                                      "zoo.quantization.quantize_base": quantized_layers(model),
                                       "classifier": getattr(getattr(model, "classifier", None), "quantization_mode",
                                                             "-")}
     return rows
@@ -116,8 +117,8 @@ def projection(tokens, dtype, rank=16, fan_in=2048, fan_out=5632):
         "float, frozen, no LoRA (floor)": "frozen",
         "float + LoRA (Keras)": "lora",
         "int8 Keras default + LoRA": ("int8", None),
-        "int8 weight-only + LoRA (zoo)": (None, lambda: lora.quantization_config("int8")),
-        "int4 block 128 + LoRA (zoo)": (None, lambda: lora.quantization_config("int4")),
+        "int8 weight-only + LoRA (zoo)": (None, lambda: quantization.quantization_config("int8")),
+        "int4 block 128 + LoRA (zoo)": (None, lambda: quantization.quantization_config("int4")),
     }
     rows = {}
     for label, how in configs.items():
@@ -165,8 +166,8 @@ def gradient_cosines():
     rows = {}
     for label, quantize in (("int8 Keras default (inputs quantized)", everything("int8")),
                             ("int4 Keras default (= zoo's: weight-only, blocks of 128)", everything("int4")),
-                            ("int8 zoo weight-only", lambda m: lora.quantize_base(m, "int8")),
-                            ("int4 zoo weight-only", lambda m: lora.quantize_base(m, "int4"))):
+                            ("int8 zoo weight-only", lambda m: quantization.quantize_base(m, "int8")),
+                            ("int4 zoo weight-only", lambda m: quantization.quantize_base(m, "int4"))):
         g = adapter_gradients(quantize)
         rows[label] = round(float(g @ reference / np.linalg.norm(g) / np.linalg.norm(reference)), 4)
     return rows
@@ -207,8 +208,8 @@ def quirks():
 
     for label, quantize in (("Model.quantize", lambda m: m.quantize("int8", filters=lambda layer: isinstance(
                                 layer, keras.layers.Dense))),
-                            ("zoo.lora.quantize_base", lambda m: lora.quantize_base(m, "int8"))):
-        lora.release_scratch_graphs()  # what earlier models left is freed before the measurement
+                            ("zoo.quantization.quantize_base", lambda m: quantization.quantize_base(m, "int8"))):
+        release_scratch_graphs()  # what earlier models left is freed before the measurement
         gc.collect()
         start = current()
         model = zoo.get("dec-base", **shape)
@@ -229,8 +230,8 @@ def quirks():
     found["Model.quantize, 14 Dense, s"] = round(time.perf_counter() - began, 2)
     model = zoo.get("dec-base", **TINY_DEC)
     began = time.perf_counter()
-    lora.quantize_base(model, "int8")
-    found["zoo.lora.quantize_base (gc once), s"] = round(time.perf_counter() - began, 2)
+    quantization.quantize_base(model, "int8")
+    found["zoo.quantization.quantize_base (gc once), s"] = round(time.perf_counter() - began, 2)
     return found
 
 

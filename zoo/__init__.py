@@ -20,7 +20,7 @@ if verbosity.problem():
 # Importing the models registers their classes, so keras.models.load_model works after `import zoo`. TensorFlow's
 # terminal lines as it loads (here, and again as keras-hub loads tensorflow-text) are silenced: zoo.verbosity.
 with verbosity.quiet_import():
-    from zoo import export, generation, hub, loading, lora, memory, models, optimizers, preference
+    from zoo import export, generation, hub, loading, lora, memory, models, optimizers, preference, quantization
 verbosity.set_python_loggers()
 from zoo.loading import load
 from zoo.ops.recompute import POLICIES
@@ -41,7 +41,7 @@ def get(name, checkpointing=None, dtype=None, task=None, weights=None, quantize=
             (decoders). None: backbone for encoders, causal_lm for decoders.
         weights: a Hugging Face folder or repo id to load weights from (`zoo.hub.load`);
             its shape must be `name`'s.
-        quantize: "int8" | "int4": the frozen base quantized as `zoo.lora.quantize_base` does;
+        quantize: "int8" | "int4": the frozen base quantized as `zoo.quantization.quantize_base` does;
             with `weights`, each tensor is quantized as it is read (`zoo.hub.load`), so the
             float model never exists.
         **overrides: spec fields to change (`num_layers=2, hidden_dim=64`), and the
@@ -62,11 +62,11 @@ def get(name, checkpointing=None, dtype=None, task=None, weights=None, quantize=
     model_spec = spec(name).replace(**overrides) if overrides else spec(name)
     model = models.build(model_spec, task=task, checkpointing=checkpointing, dtype=dtype, **task_args)
     if quantize is not None:  # random weights: quantized from float ones
-        lora.quantize_base(model, quantize)
+        quantization.quantize_base(model, quantize)
     return model
 
 
 __all__ = [
     "POLICIES", "PRECISIONS", "ModelSpec", "export", "generation", "get", "hub", "load", "loading", "lora", "memory",
-    "models", "names", "optimizers", "preference", "register", "spec",
+    "models", "names", "optimizers", "preference", "quantization", "register", "spec",
 ]

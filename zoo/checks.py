@@ -102,9 +102,9 @@ def weights(weights_dtype: str = "float32", precision=None, rounding=None, accum
     return "bfloat16", rounding or "stochastic"
 
 
-QUANTIZATION_MODES = ("int8", "int4")  # a frozen base through Keras' Model.quantize (zoo.lora.quantize_base)
+QUANTIZATION_MODES = ("int8", "int4")  # a frozen base through Keras' Model.quantize (zoo.quantization.quantize_base)
 # Floats of the largest slice of a layer quantized at once while loading (16 MiB in float32;
-# zoo.lora.quantize_into cuts larger layers, zoo.memory.loading plans with it).
+# zoo.quantization.quantize_into cuts larger layers, zoo.memory.loading plans with it).
 QUANTIZE_SLICE = 2**22
 
 

@@ -1,30 +1,29 @@
-"""LoRA (Hu et al., 2021) on any zoo model, and a quantized frozen base, through Keras' own
-`Dense.enable_lora` and `Model.quantize`: the adapter math is Keras'; this module names the
-projections as Hugging Face PEFT does, freezes what LoRA leaves frozen, merges, and checks.
+"""LoRA (Hu et al., 2021) on any zoo model, float or with a quantized frozen base (zoo.quantization),
+through Keras' own `Dense.enable_lora`: the adapter math is Keras'; this module names the projections
+as Hugging Face PEFT does, freezes what LoRA leaves frozen, switches the adapters off, merges, and checks.
 
     model = zoo.get("dec-1b", weights="TinyLlama-1.1B")
-    zoo.lora.quantize_base(model, "int4")       # optional: an int4 frozen base (QLoRA-like)
+    zoo.quantization.quantize_base(model, "int4")   # optional: an int4 frozen base (QLoRA-like)
     zoo.lora.enable_lora(model, rank=16, alpha=32, targets="all-linear")
     model.compile(...); model.fit(...)
     zoo.hub.save_adapter(model, "adapter/")     # what PEFT's PeftModel.from_pretrained reads
 
-It sits above the models, below zoo.hub (whose PEFT files it feeds): targets are Hugging Face module
-names, which zoo.models.hf_projections gives from the table hub's weight maps write too (zoo.shapes).
-What Keras does underneath, measured: docs/lora.md.
+It sits above the models and zoo.quantization, below zoo.hub (whose PEFT files it feeds): targets are
+Hugging Face module names, which zoo.models.hf_projections gives from the table hub's weight maps write
+too (zoo.shapes). What Keras does underneath, measured: docs/lora.md.
 """
 
 import contextlib
-import gc
 import re
 
 import keras
-import ml_dtypes
 from keras import ops
 
 from zoo import checks
-from zoo.checks import QUANTIZATION_MODES, QUANTIZE_SLICE
-from zoo.models import classifier_head, hf_projections, quantizable
-from zoo.ops.scratch_graphs import release_scratch_graphs
+from zoo.checks import QUANTIZATION_MODES
+from zoo.models import classifier_head, hf_projections
+from zoo.quantization import collect_once
+from zoo.quantization import quantize_base as quantize_base  # its old home: scripts call zoo.lora.quantize_base
 from zoo.shapes import LORA_DEFAULT_TARGETS, variables
 
 ALL_LINEAR = "all-linear"
@@ -119,7 +118,7 @@ def enable_lora(model, rank=16, alpha=32, targets=None, dropout=0.0) -> list:
     everything else but a new task head, so that `fit` trains only the adapters.
 
     Args:
-        model: a zoo model, float or quantized (`quantize_base`), without LoRA.
+        model: a zoo model, float or quantized (`zoo.quantization.quantize_base`), without LoRA.
         rank: the adapters' rank r.
         alpha: LoRA alpha; the update is scaled by alpha / rank, as in PEFT.
         targets: Hugging Face module names or suffixes ("q_proj", "self_attn.o_proj", "dense"),
@@ -274,20 +273,6 @@ def _merge(layer):
     return name
 
 
-@contextlib.contextmanager
-def collect_once():
-    """Keras' `Layer.__delattr__` runs `gc.collect()` after every variable it deletes (Dense.quantize
-    deletes each float kernel, merge_lora two factors per layer): with TensorFlow's heap that is
-    0.1-0.5 s a call, minutes for a 1B model's 154 projections. Collect once, at the end, instead."""
-    collect = gc.collect
-    gc.collect = lambda *args, **kwargs: 0
-    try:
-        yield
-    finally:
-        gc.collect = collect
-        gc.collect()
-
-
 def _remove_adapter(layer):
     layer._tracker.unlock()
     del layer.lora_kernel_a  # Layer.__delattr__ untracks the variable
@@ -295,133 +280,3 @@ def _remove_adapter(layer):
     layer._tracker.lock()
     layer.lora_enabled, layer.lora_rank, layer.lora_alpha = False, None, None
     layer.__dict__.pop("_zoo_lora_name", None)
-
-
-def quantization_config(mode):
-    """Keras' weight-only config for `mode`: weights stored in int8 / int4 (blocks of 128 along
-    the input: Keras' int4 default), matmuls in the compute dtype, as QLoRA computes. Keras'
-    default int8 also quantizes each layer's input: in the LM head (ReversibleEmbedding's
-    reverse) that has no straight-through gradient, so the gradient to the hidden states flows
-    only through the input's scale (adapter gradients at cosine 0.006 to the float base's), and
-    its int8 x int8 matmul ran 5x slower on this CPU (docs/lora.md)."""
-    if mode == "int8":
-        return keras.quantizers.Int8QuantizationConfig(activation_quantizer=None)
-    if mode == "int4":
-        return keras.quantizers.Int4QuantizationConfig(block_size=128)
-    raise ValueError(f"Unknown quantization mode {mode!r}; known: {', '.join(QUANTIZATION_MODES)}.")
-
-
-def quantize_base(model, mode) -> list:
-    """Quantize the frozen base through Keras' `Model.quantize`: every `Dense` and embedding
-    (the token embedding and so a tied LM head, an untied head, BERT's segment embedding),
-    never a new task head, which trains in full. Call it before `enable_lora`.
-
-    keras-hub's ReversibleEmbedding is a trivial subclass of Keras', whose `quantize` refuses
-    subclasses unless `type_check=False`; the filter lets only Dense and Embedding layers through.
-    Position embeddings (keras-hub's PositionEmbedding) and norms stay float.
-
-    Args:
-        model: a zoo model without LoRA, not yet quantized (or quantized in `mode` already, as
-            `zoo.hub.load(..., quantize=mode)` builds it: then nothing changes).
-        mode: "int8" or "int4".
-
-    Returns:
-        The paths of the quantized layers.
-    """
-    config = quantization_config(mode)
-    if has_lora(model):
-        raise ValueError("Quantize the base before enable_lora(): the adapters train on top of the quantized "
-                         "kernels (merge_lora() first to quantize a merged model).")
-    layers = quantizable(model)
-    modes = {layer.quantization_mode for layer in model._flatten_layers() if getattr(layer, "quantization_mode", None)}
-    if modes == {mode} and all(layer.quantization_mode == mode for layer in layers):
-        return [layer.path for layer in layers]  # built quantized and loaded (zoo.hub.load(..., quantize=mode))
-    if modes:
-        raise ValueError(f"This model is already quantized ({', '.join(sorted(modes))}).")
-    chosen = {id(layer) for layer in layers}
-    release_scratch_graphs()  # else the replaced float kernels stay alive (zoo.ops.scratch_graphs)
-    with collect_once():
-        model.quantize(config=config, filters=lambda layer: id(layer) in chosen, type_check=False)
-    model._drop_compiled_functions()
-    return [layer.path for layer in model._flatten_layers() if getattr(layer, "quantization_mode", None)]
-
-
-# The float variables of a layer Keras' quantize replaces, by the slot a checkpoint tensor fills.
-SLOTS = ("kernel", "embeddings", "reverse_embeddings")
-
-
-def quantize_into(layer, tensors: dict, mode):
-    """Fill a layer built quantized (`zoo.models.build(..., quantize=mode)`) from its float tensors, by
-    Keras' own quantizer: a float twin of the layer (its config, in the layer's source policy) takes the
-    tensors, `twin.quantize(mode)` runs exactly as `quantize_base` runs it on a float model, and the
-    twin's integer variables, scales and quantizers are copied into the layer. A layer above
-    `QUANTIZE_SLICE` floats goes through twins of a slice of its tokens (embeddings: rows of the table,
-    columns of an untied head's reverse) or outputs (a kernel's columns, an even number: int4 packs
-    pairs of them), which Keras quantizes each on its own (per-row / per-column scales, blocks along
-    the other axis), so the result is bitwise what quantizing the float model gives.
-
-    Args:
-        layer: a quantized `Dense` or (Reversible)Embedding.
-        tensors: slot -> the float tensor in Keras' layout ("kernel" [in, out]; "embeddings" [vocab, width];
-            "reverse_embeddings" [width, vocab], an untied head), in any float dtype; or a function
-            `(begin, end) -> that tensor's slice` (tokens or outputs begin:end, Keras' layout), so that
-            only a slice is ever read (zoo.hub.weights reads the checkpoint's rows begin:end).
-        mode: "int8" or "int4".
-    """
-    policy = layer.dtype_policy
-    if policy.quantization_mode != mode:
-        raise ValueError(f"Layer {layer.path} is {policy.name}, not built for {mode}.")
-    embedding = isinstance(layer, keras.layers.Embedding)
-    size, other = (layer.input_dim, layer.output_dim) if embedding else (layer.units, layer._kernel.shape[0])
-    step = max(2, QUANTIZE_SLICE // (other * len(tensors)) // 2 * 2)
-    mine = {v.name: v for v in layer.weights}
-    offsets = dict.fromkeys(mine, 0)
-    reads = {slot: tensor if callable(tensor) else _slicer(slot, tensor) for slot, tensor in tensors.items()}
-    for begin in range(0, size, step):
-        end = min(begin + step, size)
-        twin = _quantized_twin(layer, mode, end - begin, {slot: read(begin, end) for slot, read in reads.items()})
-        for variable in twin.weights:
-            if variable.name != "bias":  # a float bias is loaded as is, beside the kernel
-                offsets[variable.name] = _assign_part(mine[variable.name], variable, offsets[variable.name])
-    for name, value in vars(twin).items():
-        if name == "quantization_config" or name.endswith("quantizer"):
-            object.__setattr__(layer, name, value)
-
-
-def _slicer(slot, array):
-    """(begin, end) -> tokens / outputs begin:end of an array in Keras' layout (the table's rows, else columns)."""
-    return (lambda begin, end: array[begin:end]) if slot == "embeddings" else (lambda begin, end: array[:, begin:end])
-
-
-def _quantized_twin(layer, mode, size, tensors):
-    """A float copy of `layer` (`size` tokens or outputs) holding `tensors`, quantized by Keras."""
-    policy = layer.dtype_policy
-    embedding = isinstance(layer, keras.layers.Embedding)
-    config = {**layer.get_config(), "dtype": policy._source_name, "input_dim" if embedding else "units": size}
-    config.pop("quantization_config", None)
-    for key in ("kernel_initializer", "embeddings_initializer"):
-        if key in config:
-            config[key] = "zeros"  # the tensors overwrite them: no random draw of a float copy
-    twin = type(layer).from_config(config)
-    twin.build(None if embedding else (layer._kernel.shape[0],))
-    for slot, array in tensors.items():  # cast in numpy: no TensorFlow copy beside the variable
-        variable = getattr(twin, slot)
-        variable.assign(array.astype(ml_dtypes.bfloat16 if variable.dtype == "bfloat16" else variable.dtype))
-    twin.quantize(mode, type_check=False, config=quantization_config(mode))
-    if twin.dtype_policy.name != policy.name:
-        raise ValueError(f"Layer {layer.path} was built {policy.name}, but Keras quantizes it to "
-                         f"{twin.dtype_policy.name}.")
-    return twin
-
-
-def _assign_part(target, part, offset) -> int:
-    """Write `part` into `target` where their shapes differ (the sliced axis) from `offset`; a variable the
-    slices share (int4's input order g_idx) is written whole. Returns the next offset on that axis."""
-    axes = [i for i, (a, b) in enumerate(zip(target.shape, part.shape)) if a != b]
-    if not axes:
-        target.assign(part)
-        return offset
-    axis, width = axes[0], part.shape[axes[0]]
-    index = tuple(slice(offset, offset + width) if i == axis else slice(None) for i in range(len(target.shape)))
-    target._value[index].assign(part.value)  # the tf.Variable under Keras': a slice written in place
-    return offset + width

@@ -11,7 +11,7 @@ from safetensors.numpy import load_file, save_file
 
 import zoo
 from tests.common import TINY_DEC, allocator_peak
-from zoo import hub, lora
+from zoo import hub, lora, quantization
 from zoo.hub import weights
 
 
@@ -55,7 +55,7 @@ def assert_same_model(a, b):
                                                      ("int4", True, "float32", "qwen2.5-0.5b")])  # Q/K/V biases
 def test_sharded_bfloat16_into_int4_equals_whole_then_quantized(saved, monkeypatch, mode, tied, dtype, name):
     """Layers quantized in slices of a few rows / columns (as an 8B model's embedding is) too."""
-    monkeypatch.setattr(lora, "QUANTIZE_SLICE", 1000)
+    monkeypatch.setattr(quantization, "QUANTIZE_SLICE", 1000)
     sharded, whole = saved(tied, name)  # one model saved both ways
     assert (sharded / weights.INDEX).is_file() and len(list(sharded.glob("*.safetensors"))) > 3
     spec = zoo.spec(name).replace(**TINY_DEC, tie_embeddings=tied)

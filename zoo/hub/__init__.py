@@ -30,7 +30,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from zoo import lora, registry
+from zoo import quantization, registry
 from zoo.files import atomic_path
 from zoo.hub import weights
 from zoo.hub.families import FAMILIES
@@ -251,8 +251,8 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
         tokenizer: attach the folder's tokenizer (if any) as `model.tokenizer`.
         adapter: a PEFT LoRA adapter folder to load on top (`zoo.hub.peft.load_adapter`).
         quantize: "int8" | "int4": a frozen base stored as Keras stores a quantized one
-            (`zoo.lora.quantize_base`, bitwise the same). A decoder is built quantized and each
-            kernel quantized as its tensor arrives (`zoo.lora.quantize_into`): no float copy of the
+            (`zoo.quantization.quantize_base`, bitwise the same). A decoder is built quantized and each
+            kernel quantized as its tensor arrives (`zoo.quantization.quantize_into`): no float copy of the
             model at any moment. An encoder loads in float first, then quantizes.
         **overrides: spec fields that do not change weight shapes (`dropout=0.0`),
             or `num_classes` for a classifier.
@@ -293,12 +293,12 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
     model = build(spec, task=task, checkpointing=checkpointing, dtype=dtype,
                   quantize=quantize if streamed else None, **task_args)
     if streamed:
-        with lora.collect_once():  # each twin's quantize deletes its float kernel (Layer.__delattr__ collects)
+        with quantization.collect_once():  # each twin's quantize deletes its float kernel (Layer.__delattr__ collects)
             weights.load_into(model, folder, _family_of(model))
     else:
         load_weights(model, folder)
         if quantize is not None:
-            lora.quantize_base(model, quantize)
+            quantization.quantize_base(model, quantize)
     if adapter is not None:
         load_adapter(model, adapter)
     if tokenizer:

@@ -103,7 +103,7 @@ def _check_factor(key, shape, expected, width_axis, spec):
 
 def load_adapter(model, folder) -> list:
     """Read a LoRA adapter folder that PEFT wrote onto a zoo model of its base (float or
-    quantized with `zoo.lora.quantize_base`): enable LoRA on exactly the modules the file
+    quantized with `zoo.quantization.quantize_base`): enable LoRA on exactly the modules the file
     holds, with its ranks and scaling, assign its tensors, and freeze the rest as
     `zoo.lora.enable_lora` does. A modules_to_save head (the classifier) is loaded too.
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zoo import lora
+from zoo import quantization
 from zoo.reading import UnreadableFile, open_safetensors, read_json
 
 log = logging.getLogger("zoo.hub")
@@ -42,7 +42,7 @@ class Entry:
     group: str = "backbone"
     module: object = None
     # A quantized layer's tensor (zoo.models.build(..., quantize=)): `variable` is None, and the tensor is
-    # the layer's float `slot` ("kernel", "embeddings", "reverse_embeddings"), which zoo.lora.quantize_into
+    # the layer's float `slot` ("kernel", "embeddings", "reverse_embeddings"), which zoo.quantization.quantize_into
     # turns into the layer's integer variables. Reading a quantized kernel would unpack a kernel-sized copy.
     layer: object = None
     slot: str = None
@@ -180,7 +180,7 @@ def load_into(model, folder, family, strict=True) -> list[str]:
         initialisation (a classifier on a `BertModel` checkpoint).
 
     A model built quantized (`zoo.models.build(..., quantize=)`) gets each quantized layer's tensors
-    through Keras' quantizer, a slice of rows at a time (`zoo.lora.quantize_into`).
+    through Keras' quantizer, a slice of rows at a time (`zoo.quantization.quantize_into`).
 
     Raises:
         ValueError: a missing backbone tensor, an unexpected tensor (strict), a shape
@@ -230,7 +230,7 @@ def load_into(model, folder, family, strict=True) -> list[str]:
             group[0].assign(read_tensor(*available[group[0].key]))
         else:  # Keras' quantizer, a slice of the checkpoint's rows at a time (tokens, or a kernel's outputs)
             layer = group[0].layer
-            lora.quantize_into(layer, {e.slot: rows(*available[e.key], e.transpose) for e in group},
+            quantization.quantize_into(layer, {e.slot: rows(*available[e.key], e.transpose) for e in group},
                                layer.quantization_mode)
     if fresh:
         log.warning("Not in the checkpoint, newly initialised: %s", ", ".join(fresh))
@@ -248,7 +248,7 @@ def read_tensor(key, file):
 def rows(key, file, transpose):
     """(begin, end) -> the tensor's rows begin:end (`transpose`: as the Keras variable's columns), read
     alone (`read_tensor`). Hugging Face's rows are a table's tokens and a Linear's outputs: what
-    zoo.lora.quantize_into slices a layer by."""
+    zoo.quantization.quantize_into slices a layer by."""
     def read(begin, end):
         with open_safetensors(file) as f:
             part = f.get_slice(key)[begin:end]

@@ -19,7 +19,7 @@ class ScaledEmbedding(ReversibleEmbedding):
         return self._scaled(super().call(inputs, reverse=reverse), reverse)
 
     def quantized_call(self, inputs, reverse=False):
-        """A quantized layer (zoo.lora.quantize_base) is called here, not through `call`: scale it too."""
+        """A quantized layer (zoo.quantization.quantize_base) is called here, not through `call`: scale it too."""
         return self._scaled(super().quantized_call(inputs, reverse=reverse), reverse)
 
     def _scaled(self, x, reverse):

@@ -1,29 +1,20 @@
 """The memory planner: what a training step will take, before anything is built (`estimate`),
-the configuration `checkpointing="auto"` picks under a budget (`choose`), the largest batch that
+assembled from one function per part (`parts`: weights, optimizer state, gradients, activations, loss,
+workspace), the configuration `checkpointing="auto"` picks under a budget (`choose`), the largest batch that
 fits (`largest_batch`) and what loading a checkpoint peaks at (`loading_plan`); `replicas.plan`: the
 same on N data-parallel replicas; `PeakMemory`: what a block of work peaked at, by the best measure the process
 has (zoo.memory.measure). docs/memory.md explains the model and its measurements."""
 
-from zoo.memory import replicas
+from zoo.memory import parts, replicas
 from zoo.memory.budget import default_budget, parse_bytes
-from zoo.memory.estimate import (
-    CONFIGS,
-    MASKED_FRACTION,
-    GiB,
-    MemoryEstimate,
-    choose,
-    estimate,
-    largest_batch,
-    loss_live_bytes,
-    optimizer_state_bytes,
-    split_config,
-)
+from zoo.memory.estimate import CONFIGS, GiB, MemoryEstimate, choose, estimate, largest_batch, split_config
 from zoo.memory.loading import LoadingPlan, loading_peak, loading_plan
 from zoo.memory.measure import PeakMemory
 from zoo.memory.optimizer_state import OPTIMIZERS, RECIPE_OPTIMIZERS
+from zoo.memory.parts import MASKED_FRACTION, loss_live_bytes, optimizer_state_bytes
 
 __all__ = [
     "CONFIGS", "MASKED_FRACTION", "OPTIMIZERS", "RECIPE_OPTIMIZERS", "GiB", "LoadingPlan", "MemoryEstimate",
     "PeakMemory", "choose", "default_budget", "estimate", "largest_batch", "loading_peak", "loading_plan",
-    "loss_live_bytes", "optimizer_state_bytes", "parse_bytes", "replicas", "split_config",
+    "loss_live_bytes", "optimizer_state_bytes", "parse_bytes", "parts", "replicas", "split_config",
 ]

@@ -4,10 +4,10 @@ docs/memory.md (Loading) has the model and its measurements (benchmarks/big_mode
 
 A float model takes each tensor as read (its file dtype, numpy) and cast to the variable's. A decoder
 loaded with `quantize=` is built quantized, and each layer goes through float twins of at most
-`QUANTIZE_SLICE` floats that Keras' own quantizer reads (zoo.lora.quantize_into), each twin filled from
+`QUANTIZE_SLICE` floats that Keras' own quantizer reads (zoo.quantization.quantize_into), each twin filled from
 the checkpoint's rows it covers: the rows as read, their cast copy, the twin's variables and Keras'
 quantizer's numpy work on them. An encoder with `quantize=` loads in float and is quantized after
-(zoo.lora.quantize_base), so it holds the float model as well.
+(zoo.quantization.quantize_base), so it holds the float model as well.
 """
 
 from dataclasses import dataclass

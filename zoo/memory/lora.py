@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from zoo import checks
 from zoo.shapes import LORA_DEFAULT_TARGETS, count, variables
 
-INT4_BLOCK = 128  # Keras' Int4QuantizationConfig default, which zoo.lora.quantize_base uses
+INT4_BLOCK = 128  # Keras' Int4QuantizationConfig default, which zoo.quantization.quantize_base uses
 # Bytes per parameter of the largest projection a step holds on the fly, by what the layer computes
 # (benchmarks/lora_keras_facts.py, table B): a float LoRA Dense merges W + s·A·B and takes its
 # kernel-sized gradient x^T·dy (float32 sum and gradient; in pure bfloat16 also float32 copies); int8

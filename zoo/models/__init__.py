@@ -28,7 +28,7 @@ def build(spec: ModelSpec, task=None, checkpointing=None, dtype=None, quantize=N
         quantize: "int8" | "int4": every `quantizable` layer is built quantized (Keras' own integer
             variables, from a dtype policy per layer path), with no float kernel at any moment. Its
             integer variables hold zeros until a checkpoint is quantized into them, layer by layer
-            (`zoo.hub.load(..., quantize=)`); for random weights, build float and `zoo.lora.quantize_base`.
+            (`zoo.hub.load(..., quantize=)`); for random weights, build float and `zoo.quantization.quantize_base`.
         **task_args: the task's own arguments (`num_classes` for "classifier").
 
     Returns:
@@ -71,7 +71,7 @@ def quantizable(model) -> list:
 
 def quantized_policies(spec, task, dtype, mode, **task_args):
     """A Keras `DTypePolicyMap`: `mode`'s policy ("int4/128_from_float32", what `Model.quantize` with
-    zoo.lora's config gives) at the path of every `quantizable` layer, `dtype` elsewhere. The paths
+    zoo.quantization's config gives) at the path of every `quantizable` layer, `dtype` elsewhere. The paths
     are read off a copy of the model shrunk to 2 blocks and tiny widths (block indices generalised):
     layer names do not depend on sizes."""
     tiny = {"num_layers": min(spec.num_layers, 2), "hidden_dim": 8, "num_heads": 2, "intermediate_dim": 8,
@@ -79,7 +79,7 @@ def quantized_policies(spec, task, dtype, mode, **task_args):
             "head_dim": None if spec.head_dim == spec.hidden_dim // spec.num_heads else 4,
             "sliding_window": spec.sliding_window and min(spec.sliding_window, 4)}
     small = TASKS[spec.family][task](spec.replace(**tiny), dtype=dtype, **task_args)
-    suffix = "/128" if mode == "int4" else ""  # zoo.lora.quantization_config: int4 blocks of 128
+    suffix = "/128" if mode == "int4" else ""  # zoo.quantization.quantization_config: int4 blocks of 128
     quantized = keras.dtype_policies.get(f"{mode}{suffix}_from_{dtype}")
     policies = keras.dtype_policies.DTypePolicyMap(default_policy=dtype)
     for path in sorted({re.sub(r"block_\d+", r"block_\\d+", re.escape(layer.path)) for layer in quantizable(small)}):
