@@ -1,5 +1,7 @@
 """Model classes by family and task, and `build`, the one place a spec becomes a model."""
 
+import functools
+import random
 import re
 
 import keras
@@ -78,13 +80,27 @@ def quantized_policies(spec, task, dtype, mode, **task_args):
             "vocab_size": 16, "num_kv_heads": 1 if spec.num_kv_heads != spec.num_heads else 2,
             "head_dim": None if spec.head_dim == spec.hidden_dim // spec.num_heads else 4,
             "sliding_window": spec.sliding_window and min(spec.sliding_window, 4)}
-    small = TASKS[spec.family][task](spec.replace(**tiny), dtype=dtype, **task_args)
     suffix = "/128" if mode == "int4" else ""  # zoo.quantization.quantization_config: int4 blocks of 128
     quantized = keras.dtype_policies.get(f"{mode}{suffix}_from_{dtype}")
     policies = keras.dtype_policies.DTypePolicyMap(default_policy=dtype)
-    for path in sorted({re.sub(r"block_\d+", r"block_\\d+", re.escape(layer.path)) for layer in quantizable(small)}):
+    for path in _quantizable_paths(spec.replace(**tiny), task, dtype, tuple(sorted(task_args.items()))):
         policies[path] = quantized
     return policies
+
+
+@functools.cache
+def _quantizable_paths(tiny_spec, task, dtype, task_args) -> tuple:
+    """The generalised paths of `quantizable` layers, once per shrunk spec: building the tiny copy is
+    ~0.5 s, paid at every quantized build (each QLoRA run, each resumed one) before this cache. The copy
+    draws no seed that the real model would see: Keras seeds unseeded initializers and dropout from
+    Python's `random`, so a cached call and a first one must leave it alike (a resumed QLoRA run
+    restarts with the seeds the first run drew)."""
+    state = random.getstate()
+    try:
+        small = TASKS[tiny_spec.family][task](tiny_spec, dtype=dtype, **dict(task_args))
+    finally:
+        random.setstate(state)
+    return tuple(sorted({re.sub(r"block_\d+", r"block_\\d+", re.escape(layer.path)) for layer in quantizable(small)}))
 
 
 # Where each projection role's Dense sits in a transformer block (zoo.layers.block): (sublayer, attribute).
