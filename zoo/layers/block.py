@@ -85,6 +85,11 @@ class TransformerBlock(keras.layers.Layer):
             if layer is not None:
                 layer.build(input_shape)
 
+    def compute_output_shape(self, x_shape, padding_mask_shape=None):
+        """A block keeps its input's shape. Keras reads it here instead of tracing `call` on symbolic
+        inputs each time a model is built (`build` makes every variable)."""
+        return x_shape
+
     def call(self, x, padding_mask=None, training=None):
         training = bool(training)
         # The policy applies wherever gradients are taken, dropout or not: a preference step runs its policy
