@@ -16,6 +16,7 @@ import pytest
 import zoo
 from tests.common import REPO, TINY_DEC
 from zoo import export, generation
+from zoo.generation.sampling import SAMPLER_OPTIONS
 from zoo.hub.tokenizers import byte_pair
 
 PROMPTS = [[5, 9, 33, 7, 1, 60], [3, 4, 8]]
@@ -70,9 +71,11 @@ def reference(model, prompts, name, stop_token_ids=None, tokenizer=None):
     key = (name, str(prompts), tuple(stop_token_ids or ()), tokenizer is not None)
     if key not in REFERENCES:
         sampler, k, p, t, seed = SETTINGS[name]
-        REFERENCES[key] = generation.generate(model, prompts, NEW, sampler=sampler, top_k=k, top_p=p, temperature=t,
-                                              seed=seed, compile=False, stop_token_ids=stop_token_ids,
-                                              tokenizer=tokenizer)
+        # the exported signature takes every setting and ignores what its sampler does not draw with
+        takes = SAMPLER_OPTIONS[sampler.replace("-", "_")]
+        options = {name: value for name, value in {"top_k": k, "top_p": p, "temperature": t}.items() if name in takes}
+        REFERENCES[key] = generation.generate(model, prompts, NEW, sampler=sampler, seed=seed, compile=False,
+                                              stop_token_ids=stop_token_ids, tokenizer=tokenizer, **options)
     return REFERENCES[key]
 
 

@@ -1,6 +1,6 @@
 """Generation options no draw could use are refused with what is allowed, by `generate()` and by `zoo generate` before
 it loads the model (issue 48: a temperature of -1 and a top_p of 1.5 generated text, a temperature of 0 ended in a
-TensorFlow traceback)."""
+TensorFlow traceback), and so are the settings a sampler would ignore."""
 
 import pytest
 
@@ -13,7 +13,12 @@ BAD = [({"sampler": "temperature", "temperature": 0.0}, "temperature must be a n
        ({"sampler": "top_p", "top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
        ({"sampler": "top_p", "top_p": 0.0}, r"top_p must be in \(0, 1\], got 0.0"),
        ({"sampler": "top_k", "top_k": 0}, "top_k must be a whole number of tokens, at least 1, got 0"),
-       ({"sampler": "beam"}, "Unknown sampler 'beam'; known: greedy, top_k, top_p, temperature")]
+       ({"sampler": "beam"}, "Unknown sampler 'beam'; known: greedy, top_k, top_p, temperature"),
+       # a setting the sampler would ignore names the samplers it belongs to
+       ({"sampler": "greedy", "temperature": 0.7}, "temperature does not apply to sampler greedy, which would ignore "
+                                                  "it: it is a setting of top_k and top_p and temperature"),
+       ({"sampler": "top_k", "top_p": 0.5}, "top_p does not apply to sampler top_k, which would ignore it: it is a "
+                                            "setting of top_p. Choose one of those samplers, or drop top_p")]
 
 
 @pytest.mark.parametrize("options, message", BAD)

@@ -7,6 +7,7 @@ import pytest
 
 import zoo
 from zoo.generation import generate
+from zoo.generation.sampling import SAMPLER_OPTIONS
 
 TINY = dict(num_layers=2, hidden_dim=32, num_heads=4, num_kv_heads=2, intermediate_dim=64, vocab_size=97,
             max_sequence_length=48)
@@ -89,7 +90,8 @@ def test_top_k_one_and_tiny_top_p_are_greedy(model):
 
 @pytest.mark.parametrize("sampler", ["top_k", "top_p", "temperature"])
 def test_seeds_reproduce_and_differ(model, sampler):
-    args = dict(sampler=sampler, top_k=40, top_p=0.99, temperature=3.0)
+    settings = dict(top_k=40, top_p=0.99, temperature=3.0)
+    args = dict(sampler=sampler, **{k: settings[k] for k in SAMPLER_OPTIONS[sampler]})
     first = generate(model, PROMPT, 16, seed=1, **args)
     np.testing.assert_array_equal(generate(model, PROMPT, 16, seed=1, **args), first)
     np.testing.assert_array_equal(first[:, :5], PROMPT)

@@ -19,11 +19,27 @@ SAMPLERS = ("greedy", "top_k", "top_p", "temperature")
 SAMPLER_IDS = {name: i for i, name in enumerate(SAMPLERS)}
 
 
+# The options each sampler draws with (keras-hub's: TopKSampler(k, temperature), TopPSampler(p, temperature),
+# RandomSampler(temperature)); "random" is keras-hub's name for "temperature".
+SAMPLER_OPTIONS = {"greedy": (), "top_k": ("top_k", "temperature"), "top_p": ("top_p", "temperature"),
+                   "temperature": ("temperature",), "random": ("temperature",)}
+DEFAULTS = {"top_k": 50, "top_p": 0.9, "temperature": 1.0}
+
+
 def check_options(sampler="greedy", top_k=None, top_p=None, temperature=None):
     """Refuse a sampler name or setting that no draw could use, before any model is loaded or run: `zoo generate`
-    and `generate()` / `stream()` alike. A temperature of 0 would divide the logits by zero (its limit is greedy)."""
-    if isinstance(sampler, str) and sampler.replace("-", "_") not in (*SAMPLERS, "random"):
+    and `generate()` / `stream()` alike. A temperature of 0 would divide the logits by zero (its limit is greedy);
+    a setting the sampler does not draw with (`top_p` for "top_k") would be ignored."""
+    if isinstance(sampler, str) and sampler.replace("-", "_") not in SAMPLER_OPTIONS:
         raise ValueError(f"Unknown sampler {sampler!r}; known: {', '.join(SAMPLERS)} (or a keras_hub sampler).")
+    given = {k: v for k, v in {"top_k": top_k, "top_p": top_p, "temperature": temperature}.items() if v is not None}
+    takes = SAMPLER_OPTIONS[sampler.replace("-", "_")] if isinstance(sampler, str) else ()
+    for option in given:
+        if option not in takes:
+            owners = [name for name in SAMPLERS if option in SAMPLER_OPTIONS[name]]
+            name = sampler if isinstance(sampler, str) else f"a {type(sampler).__name__} object (its own settings)"
+            raise ValueError(f"{option} does not apply to sampler {name}, which would ignore it: it is a setting of "
+                             f"{' and '.join(owners)}. Choose one of those samplers, or drop {option}.")
     if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
         raise ValueError(f"temperature must be a number above 0, got {temperature}: the logits are divided by it. "
                          "For the most likely token at every step use sampler 'greedy'.")
@@ -34,23 +50,23 @@ def check_options(sampler="greedy", top_k=None, top_p=None, temperature=None):
         raise ValueError(f"top_k must be a whole number of tokens, at least 1, got {top_k}.")
 
 
-def make_sampler(sampler="greedy", seed=None, top_k=50, top_p=0.9, temperature=1.0):
+def make_sampler(sampler="greedy", seed=None, top_k=None, top_p=None, temperature=None):
     """A keras-hub sampler from a name: "greedy", "top_k"/"top-k", "top_p"/"top-p", or
     "temperature" (also "random": keras-hub's `RandomSampler`, a draw from the whole
-    softmax(logits / temperature))."""
+    softmax(logits / temperature)). A setting left None takes `DEFAULTS` (k 50, p 0.9, temperature 1)."""
+    check_options(sampler, top_k, top_p, temperature)
     if not isinstance(sampler, str):
         return sampler  # already a keras_hub.samplers.Sampler
-    check_options(sampler, top_k, top_p, temperature)
     name = sampler.replace("-", "_")
+    top_k, top_p, temperature = (DEFAULTS[k] if v is None else v for k, v in
+                                 (("top_k", top_k), ("top_p", top_p), ("temperature", temperature)))
     if name == "greedy":
         return keras_hub.samplers.GreedySampler()
     if name == "top_k":
         return keras_hub.samplers.TopKSampler(k=top_k, seed=seed, temperature=temperature)
     if name == "top_p":
         return keras_hub.samplers.TopPSampler(p=top_p, seed=seed, temperature=temperature)
-    if name in ("temperature", "random"):
-        return keras_hub.samplers.RandomSampler(seed=seed, temperature=temperature)
-    raise ValueError(f"Unknown sampler {sampler!r}; known: {', '.join(SAMPLERS)} (or a keras_hub sampler).")
+    return keras_hub.samplers.RandomSampler(seed=seed, temperature=temperature)  # "temperature", "random"
 
 
 class _DrawSeed(keras.random.SeedGenerator):
