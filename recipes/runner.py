@@ -108,7 +108,7 @@ class _Intervals(keras.callbacks.Callback):
 
 def check_lengths(recipe):
     spec = recipe.spec
-    checks.sequence_length(recipe.sequence_length, spec.max_sequence_length, recipe.name)
+    checks.sequence_length(recipe.sequence_length, spec.max_sequence_length, repr(recipe.name))
     if recipe.task == "masked_lm" and recipe.max_predictions > recipe.sequence_length - 2:
         raise ValueError(f"max_predictions={recipe.max_predictions} exceeds the {recipe.sequence_length - 2} "
                          "maskable positions of a row; lower max_predictions.")

@@ -12,11 +12,11 @@ def positive(name: str, value):
 
 
 def sequence_length(length: int, limit: int, model: str) -> int:
-    """`length`, refused unless it is positive and within `model`'s `limit` of positions: `zoo train` and `zoo plan`
-    (and the Python API under both) refuse the same lengths."""
+    """`length`, refused unless it is positive and within the `limit` of positions of `model` (a registered name, or
+    words for a spec): `zoo train`, `zoo plan` and `zoo.memory.estimate` refuse the same lengths."""
     positive("sequence_length", length)
     if length > limit:
-        raise ValueError(f"sequence_length={length} is above {model!r}'s limit of {limit} positions; lower "
+        raise ValueError(f"sequence_length={length} is above the {limit} positions of {model}; lower "
                          f"--sequence-length to at most {limit}.")
     return length
 

@@ -248,7 +248,7 @@ def test_bad_input_fails_before_training(tmp_path, recipes_news, recipes_vocab):
         recipes.run(recipe, str(empty), out)
     with pytest.raises(ValueError, match="'body' is not in .*columns are: article_id"):
         recipes.run(recipe, recipes_news, out, column="body")
-    with pytest.raises(ValueError, match="sequence_length=600 is above 'enc-base'.s limit of 512"):
+    with pytest.raises(ValueError, match="sequence_length=600 is above the 512 positions of 'enc-base'"):
         recipes.run(recipe.replace(sequence_length=600), recipes_news, out)
     assert not os.path.exists(out)
 

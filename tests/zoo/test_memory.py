@@ -103,10 +103,11 @@ def test_chunked_core_estimate_by_hand(spec, precision, activation_bytes):
     # ... on one chunk of positions: past it, "none" too runs the chunked core.
     assert memory.estimate(spec, B, S, precision, "none", chunk_size=S // 2) == memory.estimate(
         spec, B, S, precision, "none", attention="chunked", chunk_size=S // 2)
-    assert memory.estimate(spec, B, 1024, precision, "none") == memory.estimate(spec, B, 1024, precision, "none",
-                                                                                  attention="chunked")
+    roomy = spec.replace(max_sequence_length=1024)  # positions for the longer sequences below
+    assert memory.estimate(roomy, B, 1024, precision, "none") == memory.estimate(roomy, B, 1024, precision, "none",
+                                                                                   attention="chunked")
     # Linear in s beyond one chunk: 8 times the length is 8 times the activations when the tiles are 4 x 4.
-    short, long = (memory.estimate(spec, B, n, precision, "none", attention="chunked", chunk_size=4).activations
+    short, long = (memory.estimate(roomy, B, n, precision, "none", attention="chunked", chunk_size=4).activations
                    for n in (16, 128))
     looped = (5 if spec.dropout else 3) * TILES // 32  # 4 x 4 tiles: three, and two more under dropout
     assert long - looped == 8 * (short - looped)
@@ -226,7 +227,7 @@ CASES = [(ENC, "masked_lm"), (DEC, "causal_lm"), ("enc-1b", None), ("dec-1b", No
 @pytest.mark.parametrize("optimizer", ["adamw", "lion", "adafactor"])
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
 def test_more_batch_length_or_layers_never_predicts_less(spec, task, config, optimizer, precision):
-    spec = zoo.spec(spec)
+    spec = zoo.spec(spec).replace(max_sequence_length=4096)
     total = {}
     backward = {}
     for b, s, layers in [(2, 16, 2), (3, 16, 2), (2, 32, 2), (2, 16, 3), (2, 4096, 2)]:
@@ -259,11 +260,11 @@ def test_fused_keeps_one_block_of_gradients():
 
 
 def test_chunked_loss_holds_one_chunk_of_logits():
-    chunked = memory.estimate("dec-1b", 2, 4096, "mixed_bfloat16", "full")
-    whole = memory.estimate("dec-1b", 2, 4096, "mixed_bfloat16", "full", loss_chunk=0)
-    assert whole.logits == 3 * 2 * 4096 * 32000 * 4
-    assert chunked.logits == 3 * 2 * zoo.ops.lm_loss.loss_chunk(2, 4096, 32000) * 32000 * 4 < whole.logits
-    assert memory.estimate("dec-1b", 2, 4096, loss_chunk=256).logits == whole.logits // 16
+    chunked = memory.estimate("dec-1b", 2, 2048, "mixed_bfloat16", "full")
+    whole = memory.estimate("dec-1b", 2, 2048, "mixed_bfloat16", "full", loss_chunk=0)
+    assert whole.logits == 3 * 2 * 2048 * 32000 * 4
+    assert chunked.logits == 3 * 2 * zoo.ops.lm_loss.loss_chunk(2, 2048, 32000) * 32000 * 4 < whole.logits
+    assert memory.estimate("dec-1b", 2, 2048, loss_chunk=256).logits == whole.logits // 8
     with pytest.raises(ValueError, match="causal_lm"):
         memory.estimate("enc-base", 2, 128, task="masked_lm", loss_chunk=256)
 

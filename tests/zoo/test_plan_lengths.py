@@ -1,5 +1,7 @@
-"""`zoo plan` refuses the sequence lengths `zoo train` refuses for the same model, with the same message (issue 48: it
-planned them)."""
+"""`zoo plan` and `zoo.memory.estimate` refuse the sequence lengths `zoo train` refuses for the same model, with the
+same message (issue 48: they planned them)."""
+
+import pytest
 
 import recipes
 import zoo
@@ -15,6 +17,9 @@ def test_plan_and_train_refuse_the_same_length(capsys):
         runner.check_lengths(recipes.get("enc-base").replace(sequence_length=limit + 1))
     except ValueError as error:
         trained = str(error)
-    assert planned == trained == (f"sequence_length={limit + 1} is above 'enc-base''s limit of {limit} positions; "
-                                  f"lower --sequence-length to at most {limit}.")
+    with pytest.raises(ValueError) as estimated:
+        zoo.memory.estimate("enc-base", 1, limit + 1)
+    assert planned == trained == str(estimated.value) == (
+        f"sequence_length={limit + 1} is above the {limit} positions of 'enc-base'; lower --sequence-length to at "
+        f"most {limit}.")
     assert zoo.cli.main(["plan", "enc-base", "--sequence-length", str(limit)]) == 0

@@ -31,7 +31,7 @@ REPLICA_FORMULA = ("per replica: the same at the per-replica batch, with the all
 
 
 def _plan(args):
-    checks.sequence_length(args.sequence_length, registry.spec(args.model).max_sequence_length, args.model)  # as train
+    checks.sequence_length(args.sequence_length, registry.spec(args.model).max_sequence_length, repr(args.model))
     fused_clip = None if args.fused_clip == "none" else args.fused_clip
     batch = replicas.per_replica_batch(args.batch_size, args.replicas, args.hosts)
     budget = parse_bytes(args.budget) if args.budget else default_budget()

@@ -182,7 +182,7 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
     """
     s = registry.spec(spec)
     checks.positive("batch_size", batch_size)
-    checks.positive("sequence_length", sequence_length)
+    checks.sequence_length(sequence_length, s.max_sequence_length, repr(spec) if isinstance(spec, str) else "this spec")
     task = task or s.default_task
     precision, rounding = checks.weights(weights_dtype, precision, accumulation_steps=accumulation_steps,
                                          frozen=lora_rank is not None)
