@@ -7,9 +7,7 @@ the last checkpoint; the reference; `fit`; the Hugging Face folder out. The refe
   - `--reference FOLDER`: that model scores every pair once, before training, and is dropped;
   - a LoRA run: the same model with its adapters off, in the step (nothing stored);
   - otherwise the starting weights score every pair once, before the first step.
-Stored scores go to `reference_logps.npz` in the run's folder, written whole or not at all, with a
-fingerprint of the pairs and of the reference, so a resumed run reads them back instead of scoring
-(which, past step 0, the trained policy could no longer do).
+Stored scores are recipes.reference's.
 
     zoo train --recipe dpo --weights sft-merged/ --data pairs.jsonl --out-dir runs/dpo \\
         --lora-rank 16 --lora-targets all-linear --quantize int4 --checkpointing full --sequence-length 1024
@@ -18,20 +16,14 @@ fingerprint of the pairs and of the reference, so a resumed run reads them back 
 from __future__ import annotations
 
 import functools
-import gc
-import hashlib
-import os
 
 import keras
 import numpy as np
 
-import zoo
 from recipes import dpo_data as data
-from recipes import runner, state
-from recipes.sft import save_chat, tokenizer_and_template
-from zoo.files import atomic_path
-
-REFERENCE_FILE = "reference_logps.npz"
+from recipes import runner
+from recipes.conversation import save_chat, tokenizer_and_template
+from recipes.reference import stored_scores
 
 
 def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_batches=8, callbacks=(),
@@ -80,27 +72,9 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
         runner.prepare(recipe, out_dir, None, meta, beside_tokenizer=beside_tokenizer)
     cluster.barrier()
 
-    # 4. The reference's stored scores, if they are (a resumed run must find them); 5. the model, restored.
-    path, want, stored = os.path.join(out_dir, REFERENCE_FILE), None, None
-    if recipe.preference_reference == "stored":  # the fingerprint reads the reference's weights: only when needed
-        want = fingerprint(recipe, [*train_pairs, *valid_pairs])
-        stored = _read(path, want)
-    if recipe.preference_reference == "stored" and stored is None and recipe.reference is None and (
-            state.checkpoints(out_dir)):
-        raise ValueError(f"{out_dir} resumes a run whose reference scores ({REFERENCE_FILE}) are missing or were "
-                         "made for other pairs, and the starting weights they came from have been trained since. "
-                         "Start a new --out-dir, or pass --reference FOLDER (the starting model).")
+    # 4. The model, restored; 5. the reference's stored scores, read back or scored now (recipes.reference).
     model, start = runner.restore(recipe, cluster, out_dir, base)
-    reference = {"train": None, "valid": None}
-    if recipe.preference_reference == "stored":
-        if stored is None and cluster.chief:
-            score(recipe, model, path, want, train_pairs, valid_pairs)
-        cluster.barrier()
-        stored = _read(path, want)
-        if stored is None:
-            raise ValueError(f"This worker does not see the chief's reference scores at {path}; --out-dir must be "
-                             "storage every host shares.")
-        reference = {"train": stored["train"], "valid": stored["valid"] if valid_pairs else None}
+    reference = stored_scores(recipe, model, cluster, out_dir, train_pairs, valid_pairs)
 
     # 6. fit; 7. the Hugging Face folder.
     skip = start * recipe.accumulation_steps
@@ -116,50 +90,3 @@ def run(recipe, data_path, out_dir, steps=None, validation_every=0, validation_b
         runner.write_hf(recipe, model, out_dir, hf_out, runner.saved_tokenizer(recipe, out_dir), None, merge)
         beside_tokenizer(hf_out)
     return result
-
-
-def fingerprint(recipe, pairs) -> str:
-    """What the stored scores depend on: the pairs' tokens and masks, the reference's weights, precision."""
-    digest = hashlib.sha256()
-    source = recipe.reference or recipe.weights
-    digest.update(zoo.hub.weights.fingerprint(zoo.hub.local_folder(source)).encode())
-    digest.update(f"{recipe.precision}|{recipe.quantize}".encode())
-    for pair in pairs:
-        for part in (pair.chosen, pair.rejected):
-            digest.update(np.asarray(part.ids, np.int32).tobytes())
-            digest.update(np.asarray(part.mask, np.int8).tobytes())
-    return digest.hexdigest()
-
-
-def score(recipe, model, path, want, train_pairs, valid_pairs):
-    """Score every pair with the reference (`recipe.reference`, loaded for this pass only, or `model`, the
-    starting weights) and write the scores to `path`, whole or not at all."""
-    scorer = model
-    if recipe.reference:  # a second model only for this pass, loaded as the policy's base is
-        print(f"Scoring the pairs with the reference model {recipe.reference}...")
-        scorer = zoo.hub.load(recipe.reference, task="causal_lm", dtype=recipe.dtype_policy, tokenizer=False,
-                              quantize=recipe.quantize or None)
-        if scorer.spec.vocab_size != model.spec.vocab_size:
-            raise ValueError(f"The reference model {recipe.reference} has a vocabulary of {scorer.spec.vocab_size} "
-                             f"tokens, the policy {model.spec.vocab_size}: the reference must share the policy's "
-                             "tokenizer.")
-    else:
-        print("Scoring the pairs with the starting weights (the reference)...")
-    scores = {name: zoo.preference.reference_logps(scorer, data.reference_batches(
-        pairs, recipe.batch_size, recipe.sequence_length)) for name, pairs in (("train", train_pairs),
-                                                                               ("valid", valid_pairs))}
-    del scorer
-    gc.collect()
-    with atomic_path(path, overwrite=True) as tmp:
-        with open(tmp, "wb") as f:  # np.savez adds .npz to a bare path
-            np.savez(f, fingerprint=np.array(want), **scores)
-
-
-def _read(path, want):
-    """The stored scores when the file exists and fits `want` (an .npz holds arrays only: no pickle)."""
-    if not os.path.isfile(path):
-        return None
-    with np.load(path, allow_pickle=False) as stored:
-        if str(stored["fingerprint"]) != want:
-            return None
-        return {"train": stored["train"], "valid": stored["valid"]}

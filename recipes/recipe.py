@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 import zoo
 from recipes import pretrained
-from recipes.sft_data import LOSS_ON
 from zoo import checks, lora
 from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS, check_weights
 from zoo.models.base import has_segments
@@ -25,6 +24,7 @@ from zoo.training.fused import CLIPS
 TASKS = ("masked_lm", "causal_lm", "classifier")
 LEGACY_TASKS = {"mlm": "masked_lm", "clm": "causal_lm", "classify": "classifier"}  # run.json before 0.2
 DECAYS = ("linear", "cosine")
+LOSS_ON = ("assistant", "all")  # SFT: "assistant": assistant turns, or the completion; "all": every token
 
 
 @dataclass(frozen=True)

@@ -15,42 +15,13 @@ other recipes have (validation, resume, LoRA/QLoRA, strategies) is theirs: recip
 from __future__ import annotations
 
 import functools
-import os
 
 import keras
 
-from recipes import pretrained, runner, state
+from recipes import runner
 from recipes import sft_data as data
-from zoo.chat import ChatTemplate, ChatTokenizer, EncodedChat
-from zoo.loading import TOKENIZER_DIR
-
-
-def chat_template(recipe, out_dir) -> ChatTemplate | None:
-    """The template a run renders with: the one saved with its tokenizer (a resumed run), the
-    recipe's `chat_template` file, or the checkpoint's own; None for a checkpoint without one
-    (then only plain rows can train)."""
-    saved = os.path.join(out_dir, TOKENIZER_DIR)
-    if os.path.isdir(saved) and state.resumes(out_dir):
-        return ChatTemplate.of(saved)
-    folder = pretrained.checkpoint(recipe.weights).folder
-    if recipe.chat_template:
-        return ChatTemplate.find(folder, override=recipe.chat_template)
-    return ChatTemplate.of(folder)
-
-
-def tokenizer_and_template(recipe, out_dir) -> tuple[ChatTokenizer, ChatTemplate | None]:
-    """The run's tokenizer (as transformers tokenizes: tokenizer.json) and chat template: those saved
-    with a resumed run, else the checkpoint's (the DPO recipe reads them the same way)."""
-    saved = os.path.join(out_dir, TOKENIZER_DIR)
-    source = saved if os.path.isdir(saved) and state.resumes(out_dir) else pretrained.checkpoint(recipe.weights).folder
-    return ChatTokenizer.from_folder(source), chat_template(recipe, out_dir)
-
-
-def save_chat(tokenizer, template, folder):
-    """The tokenizer and its template into `folder`: what a resumed run and a serving client read back."""
-    tokenizer.save(folder)
-    if template is not None:
-        template.save(folder)
+from recipes.conversation import save_chat, tokenizer_and_template
+from zoo.chat import EncodedChat
 
 
 def show_mask(recipe, data_path, row, out_dir="") -> str:
@@ -63,7 +34,7 @@ def show_mask(recipe, data_path, row, out_dir="") -> str:
     data.examples(kind, rows, template, tokenizer, 10**9, recipe.loss_on, numbers=[row],  # refuses, by row, as a run
                   template_kwargs=recipe.chat_template_kwargs)
     eos = template.special_tokens.get("eos_token", "") if template is not None else ""
-    text, spans = data._text_and_spans(kind, rows[row - 1], template, eos, tokenizer.control_tokens,
+    text, spans = data.text_and_spans(kind, rows[row - 1], template, eos, tokenizer.control_tokens,
                                        recipe.chat_template_kwargs)
     encoded, offsets = tokenizer.encode_with_offsets(text, None if recipe.loss_on == "all" else spans)
     shown = EncodedChat(encoded.ids, encoded.mask, text, tuple(spans or ()), offsets)
