@@ -5,6 +5,10 @@ registered model has one under its own name (the 3B-8B checkpoints' are LoRA fin
 the released weights, which `recipes.get(name, weights=...)` fills in), and "classify" /
 "finetune-lm" / "sft" / "dpo" / "simpo" fine-tune any model from weights. Where each default
 comes from: docs/training.md (Where the defaults come from).
+
+A `Recipe` is its sections (`SECTIONS`: Model, Memory, LoRA, Optimizer, Batches, SFT, Chat, Preference, Data,
+Logging), each a frozen dataclass that checks its own fields; the fields stay flat (`recipe.beta`, run.json),
+and each says through `option` how `zoo train` offers it (recipes.cli builds the flags from them).
 """
 
 from __future__ import annotations
