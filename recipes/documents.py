@@ -26,7 +26,8 @@ class Documents(kinds.Kind):
                              "classification needs at least 2.")
         if labels is not None and recipe.weights:
             pretrained.check_labels(recipe.weights, labels)
-        return Examples(train=train_docs, valid=valid_docs, labels=labels, corpus=train_docs)
+        corpus = train_docs.map(lambda text, label: text) if labels is not None else train_docs  # its text
+        return Examples(train=train_docs, valid=valid_docs, labels=labels, corpus=corpus)
 
     def datasets(self, recipe, examples, tokenizer, skip, distributed):
         train = data_lib.pipeline(recipe, tokenizer, examples.train, examples.labels, training=True, skip=skip)

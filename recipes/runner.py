@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -31,12 +29,11 @@ import keras
 import tensorflow as tf
 
 import zoo
-from recipes import distribute, kinds, optim, pretrained, state
-from recipes import vocab as vocab_lib
+from recipes import distribute, folder, kinds, optim, pretrained, state
 from recipes.recipe import Recipe, get
 from zoo import checks
 from zoo.files import atomic_path, write_json
-from zoo.loading import ADAPTER_DIR, BASE_FILE, MODEL_FILE, TOKENIZER_DIR, base_record, load_lora_run
+from zoo.loading import ADAPTER_DIR, BASE_FILE, MODEL_FILE, load_lora_run
 
 
 @dataclass
@@ -66,7 +63,7 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
 
     # 2. Data: read and checked by the kind, before out_dir is touched.
     examples = kind.read(recipe, source, out_dir)
-    meta, base = run_meta(recipe, out_dir, examples.labels, merge, hf_out)
+    meta, base = folder.record(recipe, out_dir, examples.labels, merge, hf_out)
     if examples.data is not None:
         meta["data"] = examples.data
 
@@ -75,10 +72,12 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
     # the TF-text resource of a SentencePiece tokenizer made earlier (tf.data then fails: "Resource
     # localhost/_0_SentencepieceOp ... does not exist").
     keras.utils.set_random_seed(recipe.seed)
-    tokenizer = prepare(recipe, out_dir, examples.corpus, meta, examples.beside_tokenizer) if cluster.chief else None
+    tokenizer = None
+    if cluster.chief:
+        tokenizer = folder.write(recipe, out_dir, examples.corpus, meta, examples.beside_tokenizer)
     cluster.barrier()  # workers start once the chief's tokenizer, run.json and checkpoints are in place
     if kind.tokenizes:
-        tokenizer = tokenizer or chiefs_tokenizer(recipe, out_dir)
+        tokenizer = tokenizer or folder.chiefs_tokenizer(recipe, out_dir)
 
     # 4. Model and optimizer, resumed from the last checkpoint; what the kind does before the first step.
     model, start = restore(recipe, cluster, out_dir, base, len(examples.labels) if examples.labels else None)
@@ -94,7 +93,7 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
     # 6. The Hugging Face folder, with the tokenizer (as saved with the chat files, which go beside it too).
     if hf_out and cluster.chief:
         if examples.beside_tokenizer is not None:
-            tokenizer = saved_tokenizer(recipe, out_dir)
+            tokenizer = folder.saved_tokenizer(recipe, out_dir)
         write_hf(recipe, model, out_dir, hf_out, tokenizer, examples.labels, merge)
         if examples.beside_tokenizer is not None:
             examples.beside_tokenizer(hf_out)
@@ -125,86 +124,6 @@ def check_lengths(recipe):
     if recipe.task == "masked_lm" and recipe.max_predictions > recipe.sequence_length - 2:
         raise ValueError(f"max_predictions={recipe.max_predictions} exceeds the {recipe.sequence_length - 2} "
                          "maskable positions of a row; lower max_predictions.")
-
-
-def run_meta(recipe, out_dir, labels=None, merge=False, hf_out=None):
-    """(run.json's record, the LoRA base record or None), checked against what out_dir already holds."""
-    if merge and not (recipe.lora_rank and hf_out):
-        raise ValueError("merge (--merge) writes a LoRA run's adapters merged into its base as --hf-out; it needs "
-                         "lora_rank (--lora-rank) and hf_out (--hf-out).")
-    meta = {"model": recipe.name, "task": recipe.task, "spec": recipe.spec.to_dict(),
-            "recipe": recipe.to_dict(), "labels": labels}
-    base = None
-    if recipe.lora_rank:  # what the adapters go on, fingerprinted: a run keeps only the adapters
-        base = base_record(recipe.weights, recipe.task, recipe.quantize, len(labels) if labels else None)
-        meta["base"] = base
-    state.check_compatible(out_dir, meta)
-    return meta, base
-
-
-def prepare(recipe, out_dir, train_docs, meta, beside_tokenizer=None):
-    """The chief's part before training: the tokenizer (checked, written) and run.json.
-    `beside_tokenizer(folder)` writes more files into the tokenizer's folder (a chat template)."""
-    scratch = tempfile.mkdtemp(prefix="recipes-vocab-")
-    try:
-        tokenizer, source = _tokenizer(recipe, out_dir, train_docs, scratch)
-        if beside_tokenizer is not None and source == scratch:
-            beside_tokenizer(scratch)
-        if tokenizer.vocabulary_size() > recipe.spec.vocab_size:
-            raise ValueError(f"The tokenizer has {tokenizer.vocabulary_size()} tokens but {recipe.name!r} embeds "
-                             f"only {recipe.spec.vocab_size}; use a smaller vocabulary or override vocab_size.")
-        vocab_lib.special_ids(tokenizer)
-        # All checks passed: from here on out_dir is written.
-        os.makedirs(out_dir, exist_ok=True)
-        saved = os.path.join(out_dir, TOKENIZER_DIR)
-        if source != saved:  # whole or not at all: a resumed run reads it back
-            with atomic_path(saved, overwrite=True) as tmp:
-                if recipe.weights:  # the checkpoint's tokenizer, settings included
-                    shutil.copytree(source, tmp)
-                else:
-                    vocab_lib.copy(source, vocab_lib.family_of(recipe.spec), tmp)
-        write_json(os.path.join(out_dir, state.RUN_FILE), meta)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    state.discard_partial(out_dir)
-    return tokenizer
-
-
-def saved_tokenizer(recipe, out_dir):
-    """The tokenizer a run already wrote into out_dir (None if there is none yet)."""
-    saved = os.path.join(out_dir, TOKENIZER_DIR)
-    if recipe.weights:  # the checkpoint's own tokenizer, in whichever files it came (None if none yet)
-        return zoo.hub.load_tokenizer(saved) if os.path.isdir(saved) else None
-    family = vocab_lib.family_of(recipe.spec)
-    return vocab_lib.load(saved, family, recipe.lowercase) if vocab_lib.files_in(saved, family) else None
-
-
-def chiefs_tokenizer(recipe, out_dir):
-    tokenizer = saved_tokenizer(recipe, out_dir)
-    if tokenizer is None:
-        raise ValueError(f"This worker does not see the tokenizer the chief wrote into {out_dir!r}: a multi-worker "
-                         "run's --out-dir must be storage every host shares (NFS, a mounted bucket), at the same path.")
-    return tokenizer
-
-
-def _tokenizer(recipe, out_dir, train_docs, scratch):
-    """(tokenizer, its files): the one already in out_dir (resume), the pretrained
-    weights' own, the recipe's vocabulary files, or one trained on the corpus
-    (written to `scratch`)."""
-    family = vocab_lib.family_of(recipe.spec)
-    saved = os.path.join(out_dir, TOKENIZER_DIR)
-    if state.resumes(out_dir) and (tokenizer := saved_tokenizer(recipe, out_dir)) is not None:
-        return tokenizer, saved
-    if recipe.weights:
-        tokenizer = pretrained.tokenizer(recipe.weights)
-        zoo.hub.save_tokenizer(tokenizer, scratch)
-        return tokenizer, scratch
-    if recipe.vocabulary:
-        return vocab_lib.load(recipe.vocabulary, family, recipe.lowercase), recipe.vocabulary
-    print(f"Training a {'WordPiece' if family == 'bert' else 'byte-level BPE'} vocabulary of "
-          f"{recipe.spec.vocab_size} tokens on the corpus...")
-    texts = train_docs.map(lambda text, label: text) if recipe.task == "classifier" else train_docs
-    return vocab_lib.train(texts, family, recipe.spec.vocab_size, scratch, recipe.lowercase), scratch
 
 
 def restore(recipe, cluster, out_dir, base=None, num_classes=None):
