@@ -39,15 +39,20 @@ def flag(name) -> str:
 
 
 def add_recipe_flags(parser):
-    """One flag per recipe field, in the sections' order: its type from the field's annotation (a bool is a
-    switch), its help and choices from the field's `option`, so a new field or loss shows in --help here."""
+    """One flag per recipe field, grouped by the `Recipe` section that defines it: its type from the field's
+    annotation (a bool is a switch), its help and choices from the field's `option`, so that a new field or
+    loss shows in --help with no edit here."""
+    groups = {}
     for f in recipe_flags():
+        section = section_of(f.name)
+        if section not in groups:
+            groups[section] = parser.add_argument_group(f"recipe: {section.__name__}", section.__doc__.split("\n")[0])
         kind = f.type.split("|")[0].strip()
         options = dict(f.metadata["argparse"], help=f.metadata["help"])
         if kind == "bool":
-            parser.add_argument(flag(f.name), action="store_true", default=None, **options)
+            groups[section].add_argument(flag(f.name), action="store_true", default=None, **options)
         else:
-            parser.add_argument(flag(f.name), type=_TYPES[kind], **options)
+            groups[section].add_argument(flag(f.name), type=_TYPES[kind], **options)
 
 
 def refuse_foreign_flags(recipe, changes):
@@ -57,8 +62,8 @@ def refuse_foreign_flags(recipe, changes):
         owners = _FIELDS[name].metadata["recipes"] or section_of(name).recipes
         if owners and recipe.kind not in owners:
             raise ValueError(f"{flag(name)} belongs to the {' / '.join(owners)} recipe{'s' * (len(owners) > 1)}, "
-                             f"and this run's recipe trains {recipe.kind}: drop {flag(name)}, or pass --recipe "
-                             f"{owners[0]}.")
+                             f"and this run's recipe is of kind {recipe.kind!r}, which does not read it: drop "
+                             f"{flag(name)}, or pass --recipe {owners[0]}.")
 
 
 def register(subparsers):
