@@ -5,14 +5,14 @@ itself never imports this package.
 """
 
 import ast
+import dataclasses
 import json
 import math
 import sys
 from pathlib import Path
 
-from zoo.checks import QUANTIZATION_MODES, ROUNDINGS, WEIGHTS_DTYPES
+from recipes.recipe import Recipe, section_of
 from zoo.cli.generate import json_object
-from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS
 
 
 def _override(text):
@@ -23,6 +23,47 @@ def _override(text):
         return key, ast.literal_eval(value)
     except (ValueError, SyntaxError):
         return key, value
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Recipe)}
+_TYPES = {"int": int, "float": float, "str": str, "dict": json_object}  # a field's type, as its annotation starts
+
+
+def recipe_flags() -> list:
+    """The `Recipe` fields that `zoo train` offers as flags (each section's `option(..., cli=True)`)."""
+    return [f for f in dataclasses.fields(Recipe) if f.metadata.get("cli")]
+
+
+def flag(name) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_recipe_flags(parser):
+    """One flag per recipe field, grouped by the `Recipe` section that defines it: its type from the field's
+    annotation (a bool is a switch), its help and choices from the field's `option`, so that a new field or
+    loss shows in --help with no edit here."""
+    groups = {}
+    for f in recipe_flags():
+        section = section_of(f.name)
+        if section not in groups:
+            groups[section] = parser.add_argument_group(f"recipe: {section.__name__}", section.__doc__.split("\n")[0])
+        kind = f.type.split("|")[0].strip()
+        options = dict(f.metadata["argparse"], help=f.metadata["help"])
+        if kind == "bool":
+            groups[section].add_argument(flag(f.name), action="store_true", default=None, **options)
+        else:
+            groups[section].add_argument(flag(f.name), type=_TYPES[kind], **options)
+
+
+def refuse_foreign_flags(recipe, changes):
+    """A flag of a section that `recipe` does not read (a DPO flag on a pre-training run) is refused by name,
+    with the recipes that read it (issue 48), where the recipe would otherwise ignore it."""
+    for name in changes:
+        owners = _FIELDS[name].metadata["recipes"] or section_of(name).recipes
+        if owners and recipe.kind not in owners:
+            raise ValueError(f"{flag(name)} belongs to the {' / '.join(owners)} recipe{'s' * (len(owners) > 1)}, "
+                             f"and this run's recipe is of kind {recipe.kind!r}, which does not read it: drop "
+                             f"{flag(name)}, or pass --recipe {owners[0]}.")
 
 
 def register(subparsers):
@@ -46,57 +87,10 @@ def register(subparsers):
     p.add_argument("--label-column", help="the label column, for --recipe classify")
     p.add_argument("--data-dir", help="TensorFlow Datasets data_dir (prepared; nothing is downloaded)")
     p.add_argument("--validation-every", type=int, default=0, help="hold out every n-th document for validation")
-    for flag, kind in (("batch-size", int), ("sequence-length", int), ("accumulation-steps", int),
-                       ("learning-rate", float), ("warmup-steps", int), ("log-every", int),
-                       ("checkpoint-every", int), ("vocabulary", str), ("precision", str), ("checkpointing", str)):
-        p.add_argument(f"--{flag}", type=kind, help=f"recipe field {flag.replace('-', '_')}")
-    p.add_argument("--optimizer", choices=RECIPE_OPTIMIZERS,
-                   help="recipe field optimizer (default: the recipe's, adamw); lion keeps half AdamW's state, "
-                   "adafactor (factored) almost none; keras-adafactor is Keras' (docs/training.md: Optimizers)")
-    p.add_argument("--weights-dtype", choices=WEIGHTS_DTYPES,
-                   help="recipe field weights_dtype: bfloat16 stores the weights with no float32 copy and rounds "
-                   "each update stochastically (adamw, lion, adafactor; docs/memory.md)")
-    p.add_argument("--rounding", choices=ROUNDINGS,
-                   help="with --weights-dtype bfloat16: 'stochastic' (the default) or 'nearest' (loses small updates; "
-                   "for comparisons)")
-    p.add_argument("--fused", action="store_true", default=None,
-                   help="apply the optimizer inside the backward pass, block by block (needs --checkpointing full): "
-                   "the whole model's gradients never exist at once (docs/memory.md)")
-    p.add_argument("--fused-clip", choices=("global", "per-block"),
-                   help="with --fused: 'global' (exact global-norm clip, a norm pass first; default) or 'per-block'")
-    p.add_argument("--loss-chunk", type=int,
-                   help="causal LM: positions per chunk of the loss (default: chosen; 0: unchunked logits)")
-    p.add_argument("--lora-rank", type=int, help="train LoRA adapters of this rank on --weights, everything else "
-                   "frozen (docs/lora.md)")
-    p.add_argument("--lora-alpha", type=float,
-                   help="LoRA alpha: the update is scaled by alpha / rank (default 2 x rank)")
-    p.add_argument("--lora-targets", help="comma-separated projections (q_proj,v_proj,... / query,value,...) or "
-                   "all-linear (default: PEFT's for the family)")
-    p.add_argument("--quantize", choices=QUANTIZATION_MODES,
-                   help="with --lora-rank: quantize the frozen base (Keras' Model.quantize, weight-only)")
-    p.add_argument("--packing", action="store_true", default=None,
-                   help="--recipe sft: pack whole examples into each row (best-fit decreasing); attention stays "
-                   "within each example and positions restart (docs/chat.md)")
-    p.add_argument("--loss-on", choices=("assistant", "all"),
-                   help="--recipe sft: the loss on assistant turns / completions only (default) or on every token")
-    p.add_argument("--chat-template", metavar="FILE",
-                   help="--recipe sft: a .jinja chat template instead of the checkpoint's own")
-    p.add_argument("--chat-template-kwargs", metavar="JSON", type=json_object,
-                   help="--recipe sft / dpo: the chat template's keyword arguments, e.g. "
-                   "'{\"enable_thinking\": false}' (a row's chat_template_kwargs override them)")
+    add_recipe_flags(p)
     p.add_argument("--show-mask", type=int, metavar="ROW",
                    help="--recipe sft: print row ROW (1-based) as the template renders it, the trained tokens between "
                    "⟦ and ⟧, and exit")
-    p.add_argument("--beta", type=float, help="--recipe dpo / simpo: DPO's beta (IPO's tau; default 0.1), SimPO's "
-                   "(default 2.0)")
-    p.add_argument("--loss-type", choices=("sigmoid", "ipo", "robust"), help="--recipe dpo: the DPO loss (TRL's names)")
-    p.add_argument("--label-smoothing", type=float,
-                   help="--recipe dpo: sigmoid: conservative DPO's epsilon; robust: the label flip rate")
-    p.add_argument("--simpo-gamma", type=float, help="--recipe simpo: the target reward margin (default 1.0)")
-    p.add_argument("--reference", metavar="FOLDER",
-                   help="--recipe dpo: a reference model that scores every pair once before training (default: "
-                   "the base without its LoRA adapters, or the starting weights; docs/dpo.md)")
-    p.add_argument("--memory-budget", help="with --checkpointing auto: e.g. 24GiB (default: this device's memory)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="model spec override, repeatable (e.g. --override num_layers=2)")
     p.add_argument("--strategy", choices=("mirrored", "multi-worker"),
@@ -117,12 +111,7 @@ def _train(args):
 
     if args.model is None and args.weights is None:
         raise ValueError("zoo train needs a model name (zoo list) or --weights to start from.")
-    fields = ("batch_size", "sequence_length", "accumulation_steps", "learning_rate", "warmup_steps", "log_every",
-              "checkpoint_every", "vocabulary", "precision", "checkpointing", "optimizer", "fused", "fused_clip",
-              "loss_chunk", "memory_budget", "weights_dtype", "rounding", "lora_rank", "lora_alpha", "lora_targets",
-              "quantize", "packing", "loss_on", "chat_template", "chat_template_kwargs", "beta", "loss_type",
-              "label_smoothing", "simpo_gamma", "reference")
-    changes = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
+    changes = {f.name: getattr(args, f.name) for f in recipe_flags() if getattr(args, f.name) is not None}
     if args.override:
         changes["model_overrides"] = dict(_override(o) for o in args.override)
     if args.weights:
@@ -136,6 +125,7 @@ def _train(args):
         recipe = recipes.get(args.recipe or args.model)
         if recipe.model != args.model:
             changes["model"] = args.model
+    refuse_foreign_flags(recipe, changes)
     recipe = recipe.replace(**changes)
     if args.steps is not None:
         recipe = recipe.with_steps(args.steps)

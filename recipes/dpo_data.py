@@ -20,8 +20,8 @@ nothing. Plain text is tokenized with the tokenizer's own special tokens (a BOS,
 one), as TRL's `tokenizer(text)` does; rendered conversations carry the template's.
 
 A pair of n-token sequences trains n - 1 positions per side (inputs ids[:-1], targets ids[1:], weights
-mask[1:], as recipes.sft_data). A pair with either side longer than the sequence length is DROPPED (not
-truncated: truncation cuts the answers off), counted and reported. A pair whose answers start the sequence
+mask[1:], as recipes.conversation lays rows out). A pair with either side longer than the sequence length is
+DROPPED (not truncated: truncation cuts the answers off), counted and reported. A pair whose answers start the sequence
 (an empty prompt, and a tokenizer that adds no BOS) is kept, and its first answer token, which nothing
 predicts, is not scored (nor in TRL; its IPO counts that token all the same: docs/dpo.md); the report counts
 those pairs. An empty answer, or a row that does not fit its format, is refused with its row number and the fix.
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from recipes import sft_data
+from recipes import conversation
 from zoo.chat import ChatTemplateError, Encoded
 
 FORMATS = {"explicit": ("prompt", "chosen", "rejected"), "implicit": ("chosen", "rejected")}
@@ -53,7 +53,7 @@ class Pair:
 
 def read_rows(path) -> tuple[str, list[dict]]:
     """("explicit" or "implicit", rows) of a JSONL file; a row of neither format is refused by number."""
-    return sft_data.read_rows(path, FORMATS, DESCRIBED)
+    return conversation.read_rows(path, FORMATS, DESCRIBED)
 
 
 def conversational(row) -> bool:
@@ -135,8 +135,8 @@ def _common_prefix(a, b) -> int:
 
 
 def pairs(kind, rows, template, tokenizer, sequence_length, numbers=None, eos=None,
-          template_kwargs=None) -> tuple[list[Pair], sft_data.Report]:
-    """The rows as `Pair`s that fit `sequence_length` positions, and a `sft_data.Report` (unit "pair") of
+          template_kwargs=None) -> tuple[list[Pair], conversation.Report]:
+    """The rows as `Pair`s that fit `sequence_length` positions, and a `conversation.Report` (unit "pair") of
     what was dropped.
 
     Args:
@@ -163,14 +163,14 @@ def pairs(kind, rows, template, tokenizer, sequence_length, numbers=None, eos=No
                     raise ValueError(f"the {side} answer is empty; every pair needs two answers to compare (drop "
                                      "the row, or fill it in).")
             texts += _texts(prompt, chosen, rejected, template, eos,
-                            *sft_data.chat_arguments(rows[number - 1], template_kwargs))
+                            *conversation.chat_arguments(rows[number - 1], template_kwargs))
         except ChatTemplateError as error:
             raise ChatTemplateError(f"Row {number}: {error}") from None
         except ValueError as error:
             raise ValueError(f"Row {number}: {error}") from None
     ids = [np.asarray(e.ids, np.int32) for e in tokenizer.tokenizer.encode_batch(
         texts, add_special_tokens=not is_conversational)]  # TRL: tokenizer(text), or the template's tokens
-    report, kept = sft_data.Report(rows=len(numbers), unit="pair"), []
+    report, kept = conversation.Report(rows=len(numbers), unit="pair"), []
     for i, number in enumerate(numbers):
         prompt, chosen, rejected = ids[3 * i:3 * i + 3]
         start = min(_common_prefix(prompt, chosen), _common_prefix(prompt, rejected))
@@ -196,8 +196,8 @@ def pairs(kind, rows, template, tokenizer, sequence_length, numbers=None, eos=No
 
 # ----------------------------------------------------------------------------- batches
 def _batch(pairs_, length, reference_rows=None):
-    """(x, y) of a list of pairs: each side a row of sft_data's layout (pad id 0), stacked [P, 2, length]."""
-    rows = [sft_data._row([side], length, 0, False) for p in pairs_ for side in (p.chosen, p.rejected)]
+    """(x, y) of a list of pairs: each side a row of conversation.row's layout (pad id 0), stacked [P, 2, length]."""
+    rows = [conversation.row([side], length, 0, False) for p in pairs_ for side in (p.chosen, p.rejected)]
     ids, mask, targets, weights = (np.stack(a).reshape(len(pairs_), 2, length) for a in zip(*rows))
     y = {"targets": targets, "weights": weights}
     if reference_rows is not None:
@@ -217,12 +217,12 @@ def _checked_reference(pairs_, reference):
 
 def batches(pairs_, recipe, training=True, skip=0, reference=None):
     """Python generator of (x, y) numpy batches of `recipe.batch_size` pairs; training: epochs forever in
-    the seeded order of sft_data.epoch_rows, whole batches only, the first `skip` batches skipped."""
+    the seeded order of conversation.epoch_rows, whole batches only, the first `skip` batches skipped."""
     size, length = recipe.batch_size, recipe.sequence_length
     reference = _checked_reference(pairs_, reference)
     epoch, seen = 0, 0
     while True:
-        order = [i for (i,) in sft_data.epoch_rows(list(range(len(pairs_))), length, recipe.seed, epoch, False)]
+        order = [i for (i,) in conversation.epoch_rows(list(range(len(pairs_))), length, recipe.seed, epoch, False)]
         stop = len(order) - len(order) % size if training else len(order)
         if training and stop == 0:
             raise ValueError(f"{len(order)} pair(s) make no batch of {size}; lower --batch-size.")

@@ -5,6 +5,10 @@ registered model has one under its own name (the 3B-8B checkpoints' are LoRA fin
 the released weights, which `recipes.get(name, weights=...)` fills in), and "classify" /
 "finetune-lm" / "sft" / "dpo" / "simpo" fine-tune any model from weights. Where each default
 comes from: docs/training.md (Where the defaults come from).
+
+A `Recipe` is its sections (`SECTIONS`: Model, Memory, LoRA, Optimizer, Batches, SFT, Chat, Preference, Data,
+Logging), each a frozen dataclass that checks its own fields; the fields stay flat (`recipe.beta`, run.json),
+and each says through `option` how `zoo train` offers it (recipes.cli builds the flags from them).
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from dataclasses import dataclass, field
 
 import zoo
 from recipes import pretrained
-from recipes.sft_data import LOSS_ON
 from zoo import checks, lora
+from zoo.checks import QUANTIZATION_MODES, ROUNDINGS, WEIGHTS_DTYPES
 from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS, check_weights
 from zoo.models.base import has_segments
+from zoo.ops.preference import DPO_LOSS_TYPES
 from zoo.registry import Registry
 from zoo.training.fused import CLIPS
 
@@ -25,110 +30,41 @@ from zoo.training.fused import CLIPS
 TASKS = ("masked_lm", "causal_lm", "classifier")
 LEGACY_TASKS = {"mlm": "masked_lm", "clm": "causal_lm", "classify": "classifier"}  # run.json before 0.2
 DECAYS = ("linear", "cosine")
+LOSS_ON = ("assistant", "all")  # SFT: "assistant": assistant turns, or the completion; "all": every token
 
 
+def option(default=dataclasses.MISSING, help="", *, factory=None, recipes=None, cli=True, **argparse):
+    """A recipe field with what `zoo train` needs to offer it as a flag (recipes.cli builds the flags from these):
+    its `help`, argparse's keywords where the field's type does not say them (`choices`, `metavar`), `cli=False`
+    for a field with no flag, and `recipes`: the recipes that read it, where its section's differ."""
+    meta = {"help": help, "cli": cli, "argparse": argparse, "recipes": recipes}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def check(ok, message):
+    if not ok:
+        raise ValueError(message)
+
+
+# Each section holds one concern's fields and checks them (`check`, given the whole recipe, for the rules that
+# tie a field to another section's). `Recipe` is all of them, in this order: fields stay flat (recipe.beta,
+# run.json's "recipe"), and `recipes` names the recipes that read a section (None: every recipe), so that a
+# flag given to a recipe that would ignore it is refused by name (recipes.cli).
 @dataclass(frozen=True)
-class Recipe:
-    """One training run's choices; see the module docstring for the sources."""
+class Model:
+    """What is trained: the task head, the model's shape, the weights it starts from."""
 
-    task: str
-    model: str | None  # a registered name; None: the shape of `weights`
-    model_overrides: dict = field(default_factory=dict)
-    weights: str | None = None  # a Hugging Face folder or Hub repo id to start from (recipes.pretrained)
-    precision: str = "mixed_bfloat16"
-    weights_dtype: str = "float32"  # "bfloat16": no float32 copy, updates rounded (zoo.optimizers; docs/memory.md)
-    rounding: str | None = None  # bfloat16 weights: "stochastic" (None means it) or "nearest" (only by name)
-    checkpointing: str = "none"  # activation recomputation policy (zoo.ops.recompute), or "auto" (zoo.memory.choose)
-    memory_budget: str | int | None = None  # for "auto": bytes or "24GiB"; None: the device's memory (RAM on CPU)
-    fused: bool = False  # the optimizer step inside the backward pass (zoo.training.fused); needs checkpointing "full"
-    fused_clip: str = "global"  # with fused: "global" (exact, a norm pass first) or "per-block" (cheaper, not exact)
-    loss_chunk: int | None = None  # causal LM: positions per loss chunk (zoo.ops.lm_loss); None: default; 0: unchunked
-    # LoRA on the weights (zoo.lora): only the adapters (and a new classifier) train; docs/lora.md
-    lora_rank: int | None = None  # None: every weight trains
-    lora_alpha: float | None = None  # the update is scaled by alpha / rank; None: 2 x rank
-    lora_targets: str | None = None  # comma-separated projection names or "all-linear"; None: PEFT's default
-    quantize: str | None = None  # "int8" or "int4": the frozen base through Keras' Model.quantize (needs LoRA)
-    # optimizer: `optimizer` picks it; each reads the fields below that it has (recipes/optim.py)
-    learning_rate: float = 1e-4
-    beta_1: float = 0.9
-    beta_2: float = 0.999
-    epsilon: float = 1e-6
-    weight_decay: float = 0.01  # never applied to norms and biases
-    clipnorm: float | None = 1.0  # global gradient norm, as BERT / TinyLlama / HF Trainer clip
-    optimizer: str = "adamw"  # zoo.memory.RECIPE_OPTIMIZERS: "adamw", "adafactor", "keras-adafactor" or "lion"
-    # schedule: linear warmup from 0, then `decay` down to min_lr_ratio * learning_rate
-    warmup_steps: int = 10_000
-    steps: int = 1_000_000
-    decay: str = "linear"
-    min_lr_ratio: float = 0.0
-    # batches
-    batch_size: int = 32
-    sequence_length: int = 128
-    accumulation_steps: int = 1
-    # data
-    # supervised fine-tuning (recipes.sft): JSONL rows of messages, prompt/completion or text (recipes.sft_data)
-    supervised: bool = False  # causal LM on examples, the loss weighted per token, instead of on a corpus
-    loss_on: str = "assistant"  # "assistant": assistant turns / completions only; "all": every token
-    packing: bool = False  # whole examples packed into each row, attention within each (best-fit decreasing)
-    chat_template: str | None = None  # a .jinja file replacing the checkpoint's own template
-    chat_template_kwargs: dict | None = None  # the template's keyword arguments (enable_thinking, date_string, ...)
-    # preference tuning (recipes.dpo): JSONL rows of prompt / chosen / rejected (recipes.dpo_data, zoo.preference)
-    preference: str | None = None  # "dpo" or "simpo": a causal LM on preference pairs
-    beta: float = 0.1  # DPO's beta (IPO's tau), SimPO's beta
-    loss_type: str = "sigmoid"  # DPO: "sigmoid", "ipo" or "robust"
-    label_smoothing: float = 0.0  # DPO sigmoid: conservative DPO's epsilon; robust: the flip rate
-    simpo_gamma: float = 1.0  # SimPO's target reward margin
-    reference: str | None = None  # a Hugging Face folder scored once before training; None: LoRA's base, or the start
-    mask_rate: float = 0.15  # masked_lm only
-    max_predictions: int = 20  # masked_lm only: masked positions per sequence
-    vocabulary: str | None = None  # tokenizer files; None: the weights' tokenizer, or one trained on the corpus
-    lowercase: bool = True  # WordPiece (BERT uncased)
-    shuffle_buffer: int = 10_000
-    seed: int = 0
-    # logging and checkpoints (in optimizer steps)
-    log_every: int = 100
-    checkpoint_every: int = 1000
-    keep_checkpoints: int = 2
-    notes: str = ""
+    recipes = None
+    task: str = option(cli=False)
+    model: str | None = option(cli=False)  # a registered name; None: the shape of `weights`
+    model_overrides: dict = option(factory=dict, cli=False)
+    # a Hugging Face folder or Hub repo id to start from (recipes.pretrained)
+    weights: str | None = option(None, cli=False)
 
-    def __post_init__(self):
-        def check(ok, message):
-            if not ok:
-                raise ValueError(message)
-
-        object.__setattr__(self, "task", LEGACY_TASKS.get(self.task, self.task))
+    def check(self):
         check(self.task in TASKS, f"Unknown task {self.task!r}; known tasks: {', '.join(TASKS)}.")
-        check(self.precision in zoo.PRECISIONS,
-              f"Unknown precision {self.precision!r}; known: {', '.join(zoo.PRECISIONS)}.")
-        check(self.optimizer in RECIPE_OPTIMIZERS,
-              f"Unknown optimizer {self.optimizer!r}; known optimizers: {', '.join(RECIPE_OPTIMIZERS)}.")
-        self._weights()
-        check_weights(self.optimizer, self.weights_dtype)
-        check(self.decay in DECAYS, f"Unknown decay {self.decay!r}; known: {', '.join(DECAYS)}.")
-        check(self.checkpointing in (*zoo.POLICIES, "auto"),
-              f"Unknown checkpointing policy {self.checkpointing!r}; known: {', '.join(zoo.POLICIES)}, auto.")
-        if self.fused:
-            checks.fused(self.checkpointing, self.accumulation_steps)
-        if isinstance(self.lora_targets, (list, tuple)):  # stored as run.json keeps it
-            object.__setattr__(self, "lora_targets", ",".join(self.lora_targets))
-        checks.lora(self.lora_rank, self.lora_alpha, self.quantize, fused=self.fused)
-        check(self.lora_rank is not None or self.lora_targets is None,
-              "lora_targets applies to LoRA only; set lora_rank (--lora-rank) too, or drop lora_targets.")
-        check(self.fused_clip in CLIPS, f"Unknown fused_clip {self.fused_clip!r}; known: {', '.join(CLIPS)}.")
-        check(self.loss_chunk is None or (isinstance(self.loss_chunk, int) and self.loss_chunk >= 0),
-              f"loss_chunk must be None (the default chunk), 0 (unchunked) or a positive number of positions; "
-              f"got {self.loss_chunk!r}.")
-        if self.memory_budget is not None:
-            zoo.memory.parse_bytes(self.memory_budget)  # raises with the accepted forms
-        for name in ("steps", "batch_size", "sequence_length", "accumulation_steps", "log_every",
-                     "checkpoint_every", "keep_checkpoints", "shuffle_buffer"):
-            checks.positive(name, getattr(self, name))
-        check(0 <= self.warmup_steps <= self.steps,
-              f"warmup_steps={self.warmup_steps} must be between 0 and steps={self.steps}.")
-        check(self.learning_rate > 0, f"learning_rate must be positive, got {self.learning_rate}.")
-        check(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}.")
-        check(self.clipnorm is None or self.clipnorm > 0, f"clipnorm must be positive or None, got {self.clipnorm}.")
-        check(0.0 < self.mask_rate < 1.0, f"mask_rate must be in (0, 1), got {self.mask_rate}.")
         if self.weights is None:
             check(self.model is not None, "A recipe needs a registered model name, or weights= to start from.")
         else:
@@ -139,42 +75,6 @@ class Recipe:
         want = "decoder" if self.task == "causal_lm" else "encoder"
         check(kind == want, f"Task {self.task!r} needs a{'n' * (want == 'encoder')} {want} model; {self.name!r} "
               f"is a {self.spec.family} {kind}.")
-        if self.lora_rank is not None:
-            lora.check_targets(self.spec, self.task, self.targets)
-        check(self.loss_on in LOSS_ON, f"Unknown loss_on {self.loss_on!r}; known: {', '.join(LOSS_ON)}.")
-        if self.preference is not None:
-            check(self.task == "causal_lm" and not self.supervised, "Preference tuning trains a decoder (task "
-                  "causal_lm) on pairs; it is not supervised fine-tuning (supervised=False).")
-            check(not self.packing and self.loss_on == "assistant", "Preference tuning scores each completion on "
-                  "its own padded row: drop packing and loss_on.")
-            check(not self.fused, "Preference tuning does not run under the fused update; drop --fused.")
-            check(self.preference != "simpo" or self.reference is None, "SimPO has no reference; drop --reference.")
-            zoo.preference.Preference(self.preference, self.beta, self.loss_type, self.label_smoothing,
-                                      self.simpo_gamma, None if self.preference == "simpo" else "stored").check()
-        elif self.supervised:
-            check(self.task == "causal_lm", "Supervised fine-tuning trains a decoder (task causal_lm).")
-        else:
-            check(not self.packing and self.chat_template is None and self.loss_on == "assistant"
-                  and self.chat_template_kwargs is None,
-                  "packing, chat_template(_kwargs) and loss_on belong to supervised fine-tuning: use recipe 'sft' "
-                  "(--recipe sft); a causal LM over a corpus already fills every row.")
-
-    # -------------------------------------------------------------------------
-    @property
-    def preference_reference(self) -> str | None:
-        """Where a preference run's reference comes from (zoo.preference): "adapters" (a LoRA run's base,
-        in the step), "stored" (scored once before training: by `reference`, or the starting weights),
-        None (SimPO, or no preference tuning)."""
-        if self.preference != "dpo":
-            return None
-        return "adapters" if self.lora_rank and self.reference is None else "stored"
-
-    @property
-    def from_weights(self) -> bool:
-        """Whether the recipe only trains pretrained weights (LoRA adapters, chat or preference tuning): it
-        cannot start from random ones, and is what `zoo train MODEL --weights ...` runs for a model whose own
-        recipe it is. A registered one holds no weights; the run must be given them."""
-        return bool(self.lora_rank or self.supervised or self.preference)
 
     @property
     def spec(self) -> zoo.ModelSpec:
@@ -187,6 +87,55 @@ class Recipe:
     def segments(self) -> bool:
         """Whether the model takes segment ids (BERT does; ModernBERT and the decoders do not)."""
         return has_segments(self.spec)
+
+    @property
+    def name(self) -> str:
+        """The model, as messages name it: its registered name, or the weights it starts from."""
+        return self.model or self.weights
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Precision, the weights' dtype and what trades time for memory (docs/memory.md)."""
+
+    recipes = None
+    precision: str = option("mixed_bfloat16", "recipe field precision")
+    # "bfloat16": no float32 copy, updates rounded (zoo.optimizers; docs/memory.md)
+    weights_dtype: str = option("float32", "recipe field weights_dtype: bfloat16 stores the weights with no float32 "
+                                "copy and rounds each update stochastically (adamw, lion, adafactor; docs/memory.md)",
+                                choices=WEIGHTS_DTYPES)
+    # bfloat16 weights: "stochastic" (None means it) or "nearest" (only by name)
+    rounding: str | None = option(None, "with --weights-dtype bfloat16: 'stochastic' (the default) or 'nearest' "
+                                  "(loses small updates; for comparisons)", choices=ROUNDINGS)
+    # activation recomputation policy (zoo.ops.recompute), or "auto" (zoo.memory.choose)
+    checkpointing: str = option("none", "recipe field checkpointing")
+    # for "auto": bytes or "24GiB"; None: the device's memory (RAM on CPU)
+    memory_budget: str | int | None = option(None, "with --checkpointing auto: e.g. 24GiB (default: this device's "
+                                             "memory)")
+    # the optimizer step inside the backward pass (zoo.training.fused); needs checkpointing "full"
+    fused: bool = option(False, "apply the optimizer inside the backward pass, block by block (needs --checkpointing "
+                         "full): the whole model's gradients never exist at once (docs/memory.md)")
+    # with fused: "global" (exact, a norm pass first) or "per-block" (cheaper, not exact)
+    fused_clip: str = option("global", "with --fused: 'global' (exact global-norm clip, a norm pass first; default) "
+                             "or 'per-block'", choices=CLIPS)
+    # causal LM: positions per loss chunk (zoo.ops.lm_loss); None: default; 0: unchunked
+    loss_chunk: int | None = option(None, "causal LM: positions per chunk of the loss (default: chosen; 0: "
+                                    "unchunked logits)")
+
+    def check(self):
+        check(self.precision in zoo.PRECISIONS,
+              f"Unknown precision {self.precision!r}; known: {', '.join(zoo.PRECISIONS)}.")
+        self._weights()
+        check(self.checkpointing in (*zoo.POLICIES, "auto"),
+              f"Unknown checkpointing policy {self.checkpointing!r}; known: {', '.join(zoo.POLICIES)}, auto.")
+        if self.fused:
+            checks.fused(self.checkpointing, self.accumulation_steps)
+        check(self.fused_clip in CLIPS, f"Unknown fused_clip {self.fused_clip!r}; known: {', '.join(CLIPS)}.")
+        check(self.loss_chunk is None or (isinstance(self.loss_chunk, int) and self.loss_chunk >= 0),
+              f"loss_chunk must be None (the default chunk), 0 (unchunked) or a positive number of positions; "
+              f"got {self.loss_chunk!r}.")
+        if self.memory_budget is not None:
+            zoo.memory.parse_bytes(self.memory_budget)  # raises with the accepted forms
 
     def _weights(self) -> tuple:
         """zoo.checks.weights for this recipe: (dtype policy, rounding); a LoRA base is frozen."""
@@ -203,6 +152,30 @@ class Recipe:
         """How updates are rounded into the weights: None (float32 weights), "stochastic" or "nearest"."""
         return self._weights()[1]
 
+
+@dataclass(frozen=True)
+class LoRA:
+    """LoRA on the weights (zoo.lora): only the adapters (and a new classifier) train; docs/lora.md."""
+
+    recipes = None
+    lora_rank: int | None = option(None, "train LoRA adapters of this rank on --weights, everything else frozen "
+                                   "(docs/lora.md)")  # None: every weight trains
+    # the update is scaled by alpha / rank; None: 2 x rank
+    lora_alpha: float | None = option(None, "LoRA alpha: the update is scaled by alpha / rank (default 2 x rank)")
+    # comma-separated projection names or "all-linear"; None: PEFT's default
+    lora_targets: str | None = option(None, "comma-separated projections (q_proj,v_proj,... / query,value,...) or "
+                                      "all-linear (default: PEFT's for the family)")
+    # "int8" or "int4": the frozen base through Keras' Model.quantize (needs LoRA)
+    quantize: str | None = option(None, "with --lora-rank: quantize the frozen base (Keras' Model.quantize, "
+                                  "weight-only)", choices=QUANTIZATION_MODES)
+
+    def check(self):
+        checks.lora(self.lora_rank, self.lora_alpha, self.quantize, fused=self.fused)
+        check(self.lora_rank is not None or self.lora_targets is None,
+              "lora_targets applies to LoRA only; set lora_rank (--lora-rank) too, or drop lora_targets.")
+        if self.lora_rank is not None:
+            lora.check_targets(self.spec, self.task, self.targets)
+
     @property
     def targets(self):
         """`lora_targets` as zoo.lora.enable_lora takes them (None, "all-linear" or a list of names)."""
@@ -215,14 +188,200 @@ class Recipe:
         """LoRA alpha: `lora_alpha`, or twice the rank (alpha 32 at rank 16)."""
         return None if self.lora_rank is None else self.lora_alpha or 2 * self.lora_rank
 
-    @property
-    def name(self) -> str:
-        """The model, as messages name it: its registered name, or the weights it starts from."""
-        return self.model or self.weights
+
+@dataclass(frozen=True)
+class Optimizer:
+    """The optimizer (`optimizer` picks it; each reads the fields it has, recipes/optim.py) and its schedule:
+    linear warmup from 0, then `decay` down to min_lr_ratio * learning_rate."""
+
+    recipes = None
+    learning_rate: float = option(1e-4, "recipe field learning_rate")
+    beta_1: float = option(0.9, cli=False)
+    beta_2: float = option(0.999, cli=False)
+    epsilon: float = option(1e-6, cli=False)
+    weight_decay: float = option(0.01, cli=False)  # never applied to norms and biases
+    clipnorm: float | None = option(1.0, cli=False)  # global gradient norm, as BERT / TinyLlama / HF Trainer clip
+    # zoo.memory.RECIPE_OPTIMIZERS: "adamw", "adafactor", "keras-adafactor" or "lion"
+    optimizer: str = option("adamw", "recipe field optimizer (default: the recipe's, adamw); lion keeps half AdamW's "
+                            "state, adafactor (factored) almost none; keras-adafactor is Keras' (docs/training.md: "
+                            "Optimizers)", choices=RECIPE_OPTIMIZERS)
+    warmup_steps: int = option(10_000, "recipe field warmup_steps")
+    steps: int = option(1_000_000, cli=False)  # --steps stretches the schedule instead (Recipe.with_steps)
+    decay: str = option("linear", cli=False)
+    min_lr_ratio: float = option(0.0, cli=False)
+
+    def check(self):
+        check(self.optimizer in RECIPE_OPTIMIZERS,
+              f"Unknown optimizer {self.optimizer!r}; known optimizers: {', '.join(RECIPE_OPTIMIZERS)}.")
+        check_weights(self.optimizer, self.weights_dtype)
+        check(self.decay in DECAYS, f"Unknown decay {self.decay!r}; known: {', '.join(DECAYS)}.")
+        checks.positive("steps", self.steps)
+        check(0 <= self.warmup_steps <= self.steps,
+              f"warmup_steps={self.warmup_steps} must be between 0 and steps={self.steps}.")
+        check(self.learning_rate > 0, f"learning_rate must be positive, got {self.learning_rate}.")
+        check(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}.")
+        check(self.clipnorm is None or self.clipnorm > 0, f"clipnorm must be positive or None, got {self.clipnorm}.")
+
+
+@dataclass(frozen=True)
+class Batches:
+    """Batch geometry: rows of `sequence_length` positions, `batch_size` a micro-batch, `accumulation_steps`
+    micro-batches an update."""
+
+    recipes = None
+    batch_size: int = option(32, "recipe field batch_size")
+    sequence_length: int = option(128, "recipe field sequence_length")
+    accumulation_steps: int = option(1, "recipe field accumulation_steps")
+
+    def check(self):
+        for name in ("batch_size", "sequence_length", "accumulation_steps"):
+            checks.positive(name, getattr(self, name))
 
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.accumulation_steps * self.sequence_length
+
+
+@dataclass(frozen=True)
+class SFT:
+    """Supervised fine-tuning (recipes.sft): JSONL rows of messages, prompt/completion or text (recipes.sft_data)."""
+
+    recipes = ("sft",)
+    supervised: bool = option(False, cli=False)  # causal LM on examples, the loss weighted per token
+    loss_on: str = option("assistant", "--recipe sft: the loss on assistant turns / completions only (default) or on "
+                          "every token", choices=LOSS_ON)
+    # whole examples packed into each row, attention within each (best-fit decreasing)
+    packing: bool = option(False, "--recipe sft: pack whole examples into each row (best-fit decreasing); attention "
+                           "stays within each example and positions restart (docs/chat.md)")
+
+    def check(self):
+        check(self.loss_on in LOSS_ON, f"Unknown loss_on {self.loss_on!r}; known: {', '.join(LOSS_ON)}.")
+        if self.supervised:
+            check(self.task == "causal_lm", "Supervised fine-tuning trains a decoder (task causal_lm).")
+
+
+@dataclass(frozen=True)
+class Chat:
+    """The chat template the conversation rows of SFT and preference tuning are rendered with (recipes.conversation)."""
+
+    recipes = ("sft", "dpo", "simpo")
+    # a .jinja file replacing the checkpoint's own template
+    chat_template: str | None = option(None, "--recipe sft: a .jinja chat template instead of the checkpoint's own",
+                                       metavar="FILE")
+    # the template's keyword arguments (enable_thinking, date_string, ...)
+    chat_template_kwargs: dict | None = option(
+        None, "--recipe sft / dpo: the chat template's keyword arguments, e.g. '{\"enable_thinking\": false}' (a "
+        "row's chat_template_kwargs override them)", metavar="JSON")
+
+    def check(self):
+        check(self.supervised or self.preference is not None or (
+            not self.packing and self.chat_template is None and self.loss_on == "assistant"
+            and self.chat_template_kwargs is None),
+            "packing, chat_template(_kwargs) and loss_on belong to supervised fine-tuning: use recipe 'sft' "
+            "(--recipe sft); a causal LM over a corpus already fills every row.")
+
+
+@dataclass(frozen=True)
+class Preference:
+    """Preference tuning (recipes.dpo): JSONL rows of prompt / chosen / rejected (recipes.dpo_data,
+    zoo.preference); the reference model's home is recipes.reference."""
+
+    recipes = ("dpo", "simpo")
+    preference: str | None = option(None, cli=False)  # "dpo" or "simpo": a causal LM on preference pairs
+    beta: float = option(0.1, "--recipe dpo / simpo: DPO's beta (IPO's tau; default 0.1), SimPO's (default 2.0)")
+    loss_type: str = option("sigmoid", "--recipe dpo: the DPO loss (TRL's names)", choices=DPO_LOSS_TYPES,
+                            recipes=("dpo",))
+    # DPO sigmoid: conservative DPO's epsilon; robust: the flip rate
+    label_smoothing: float = option(0.0, "--recipe dpo: sigmoid: conservative DPO's epsilon; robust: the label flip "
+                                    "rate", recipes=("dpo",))
+    simpo_gamma: float = option(1.0, "--recipe simpo: the target reward margin (default 1.0)", recipes=("simpo",))
+    # a Hugging Face folder scored once before training; None: LoRA's base, or the start
+    reference: str | None = option(None, "--recipe dpo: a reference model that scores every pair once before training "
+                                   "(default: the base without its LoRA adapters, or the starting weights; "
+                                   "docs/dpo.md)", metavar="FOLDER", recipes=("dpo",))
+
+    def check(self):
+        if self.preference is None:
+            return
+        check(self.task == "causal_lm" and not self.supervised, "Preference tuning trains a decoder (task "
+              "causal_lm) on pairs; it is not supervised fine-tuning (supervised=False).")
+        check(not self.packing and self.loss_on == "assistant", "Preference tuning scores each completion on "
+              "its own padded row: drop packing and loss_on.")
+        check(not self.fused, "Preference tuning does not run under the fused update; drop --fused.")
+        check(self.preference != "simpo" or self.reference is None, "SimPO has no reference; drop --reference.")
+        zoo.preference.Preference(self.preference, self.beta, self.loss_type, self.label_smoothing,
+                                  self.simpo_gamma, None if self.preference == "simpo" else "stored").check()
+
+    @property
+    def preference_reference(self) -> str | None:
+        """Where a preference run's reference comes from (zoo.preference): "adapters" (a LoRA run's base,
+        in the step), "stored" (scored once before training: by `reference`, or the starting weights),
+        None (SimPO, or no preference tuning)."""
+        if self.preference != "dpo":
+            return None
+        return "adapters" if self.lora_rank and self.reference is None else "stored"
+
+
+@dataclass(frozen=True)
+class Data:
+    """How a corpus becomes batches (recipes.data, recipes.vocab), and the seed every recipe's order follows."""
+
+    recipes = None
+    mask_rate: float = option(0.15, cli=False)  # masked_lm only
+    max_predictions: int = option(20, cli=False)  # masked_lm only: masked positions per sequence
+    # tokenizer files; None: the weights' tokenizer, or one trained on the corpus
+    vocabulary: str | None = option(None, "recipe field vocabulary")
+    lowercase: bool = option(True, cli=False)  # WordPiece (BERT uncased)
+    shuffle_buffer: int = option(10_000, cli=False)
+    seed: int = option(0, cli=False)
+
+    def check(self):
+        checks.positive("shuffle_buffer", self.shuffle_buffer)
+        check(0.0 < self.mask_rate < 1.0, f"mask_rate must be in (0, 1), got {self.mask_rate}.")
+
+
+@dataclass(frozen=True)
+class Logging:
+    """Logging and checkpoints, in optimizer steps."""
+
+    recipes = None
+    log_every: int = option(100, "recipe field log_every")
+    checkpoint_every: int = option(1000, "recipe field checkpoint_every")
+    keep_checkpoints: int = option(2, cli=False)
+    notes: str = option("", cli=False)
+
+    def check(self):
+        for name in ("log_every", "checkpoint_every", "keep_checkpoints"):
+            checks.positive(name, getattr(self, name))
+
+
+SECTIONS = (Model, Memory, LoRA, Optimizer, Batches, SFT, Chat, Preference, Data, Logging)
+
+
+@dataclass(frozen=True)
+class Recipe(Logging, Data, Preference, Chat, SFT, Batches, Optimizer, LoRA, Memory, Model):
+    """One training run's choices, section by section (`SECTIONS`, each checking its own fields); see the module
+    docstring for the sources."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "task", LEGACY_TASKS.get(self.task, self.task))
+        if isinstance(self.lora_targets, (list, tuple)):  # stored as run.json keeps it
+            object.__setattr__(self, "lora_targets", ",".join(self.lora_targets))
+        for section in SECTIONS:
+            section.check(self)
+
+    # -------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        """The recipe whose data and loss train it (recipes.kinds): "dpo", "simpo", "sft" or "documents"."""
+        return self.preference or ("sft" if self.supervised else "documents")
+
+    @property
+    def from_weights(self) -> bool:
+        """Whether the recipe only trains pretrained weights (LoRA adapters, chat or preference tuning): it
+        cannot start from random ones, and is what `zoo train MODEL --weights ...` runs for a model whose own
+        recipe it is. A registered one holds no weights; the run must be given them."""
+        return bool(self.lora_rank or self.supervised or self.preference)
 
     def replace(self, **changes) -> Recipe:
         known = {f.name for f in dataclasses.fields(self)}
@@ -245,6 +404,11 @@ class Recipe:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def section_of(name) -> type:
+    """The section that defines field `name`."""
+    return next(s for s in SECTIONS if name in s.__annotations__)
 
 
 _RECIPES = Registry("recipe", Recipe)

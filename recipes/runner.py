@@ -1,4 +1,7 @@
-"""`recipes.run`: train a registered model with its recipe, resumably.
+"""The training skeleton every recipe runs on (`run`), reading top to bottom: setup (the recipe, the cluster,
+the recipe's kind), data (read and checked by the kind), the run's folder (run.json, the tokenizer), the model
+and its optimizer (built, resumed from the last checkpoint), the loop (`fit` with validation and checkpoints),
+the final model. What differs between recipes (their data, loss and metrics) is their kind's (recipes.kinds).
 
 Everything that can be wrong with the input (file, columns, empty corpus, length,
 an out_dir of another run) is checked before `out_dir` is touched. The run is one
@@ -19,8 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -28,13 +29,11 @@ import keras
 import tensorflow as tf
 
 import zoo
-from recipes import data as data_lib
-from recipes import distribute, optim, pretrained, state
-from recipes import vocab as vocab_lib
+from recipes import distribute, folder, kinds, optim, pretrained, state
 from recipes.recipe import Recipe, get
 from zoo import checks
 from zoo.files import atomic_path, write_json
-from zoo.loading import ADAPTER_DIR, BASE_FILE, MODEL_FILE, TOKENIZER_DIR, base_record, load_lora_run
+from zoo.loading import ADAPTER_DIR, BASE_FILE, MODEL_FILE, load_lora_run
 
 
 @dataclass
@@ -51,59 +50,72 @@ class Result:
     data: dict | None = None  # supervised fine-tuning: rows an epoch, padding fraction (recipes.sft)
 
 
-def logged(key) -> bool:
-    """What the history and TensorBoard keep of fit's logs: the losses, and preference tuning's metrics
-    (zoo.preference: TRL's names, rewards/... and logps/..., with fit's val_ prefix for validation)."""
-    name = key.removeprefix("val_")
-    return name.endswith("loss") or name.startswith(("rewards/", "logps/"))
+def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_dir=None,
+        validation_every=0, validation_batches=8, callbacks=(), verbose="auto", hf_out=None,
+        strategy=None, devices=None, merge=False, collective_timeout=None) -> Result:
+    """Every recipe's run (`recipes.run`, which documents the arguments); its kind supplies data, loss, metrics."""
+    # 1. Setup: the recipe stretched to `steps`, the cluster (before TensorFlow runs anything), the kind.
+    recipe, cluster = begin(recipe, steps, strategy, devices, collective_timeout)
+    kind = kinds.of(recipe)
+    source = kinds.Source(data, column, label_column, data_dir, validation_every)
+    kind.check(recipe, source)
+    check_lengths(recipe)
+
+    # 2. Data: read and checked by the kind, before out_dir is touched.
+    examples = kind.read(recipe, source, out_dir)
+    meta, base = folder.record(recipe, out_dir, examples.labels, merge, hf_out)
+    if examples.data is not None:
+        meta["data"] = examples.data
+
+    # 3. The run's folder: the tokenizer (with the kind's chat files beside it) and run.json, by the chief.
+    # Seed before any tokenizer exists: TensorFlow's seed call clears the eager kernel cache, and with it
+    # the TF-text resource of a SentencePiece tokenizer made earlier (tf.data then fails: "Resource
+    # localhost/_0_SentencepieceOp ... does not exist").
+    keras.utils.set_random_seed(recipe.seed)
+    tokenizer = None
+    if cluster.chief:
+        tokenizer = folder.write(recipe, out_dir, examples.corpus, meta, examples.beside_tokenizer)
+    cluster.barrier()  # workers start once the chief's tokenizer, run.json and checkpoints are in place
+    if kind.tokenizes:
+        tokenizer = tokenizer or folder.chiefs_tokenizer(recipe, out_dir)
+
+    # 4. Model and optimizer, resumed from the last checkpoint; what the kind does before the first step.
+    model, start = restore(recipe, cluster, out_dir, base, len(examples.labels) if examples.labels else None)
+    kind.before_fit(recipe, model, cluster, out_dir, examples)
+
+    # 5. The loop: fit from `start`, validation and checkpoints every interval; the final model.
+    train, valid = kind.datasets(recipe, examples, tokenizer, start * recipe.accumulation_steps, bool(cluster.kind))
+    result = train_and_save(recipe, model, cluster, out_dir, start, cluster.distribute(train), valid,
+                            validation_batches, validation_every, callbacks, verbose, base,
+                            tokens_per_batch=examples.tokens_per_batch, logged=kind.logged)
+    result.data = examples.data
+
+    # 6. The Hugging Face folder, with the tokenizer (as saved with the chat files, which go beside it too).
+    if hf_out and cluster.chief:
+        if examples.beside_tokenizer is not None:
+            tokenizer = folder.saved_tokenizer(recipe, out_dir)
+        write_hf(recipe, model, out_dir, hf_out, tokenizer, examples.labels, merge)
+        if examples.beside_tokenizer is not None:
+            examples.beside_tokenizer(hf_out)
+    return result
 
 
-class _Intervals(keras.callbacks.Callback):
-    """Per-interval bookkeeping: history, TensorBoard scalars, checkpoints, throughput."""
-
-    def __init__(self, recipe, out_dir, interval, result, base=None, tokens_per_batch=None):
-        super().__init__()
-        self.recipe, self.out_dir, self.interval, self.result, self.base = recipe, out_dir, interval, result, base
-        self.writer = tf.summary.create_file_writer(os.path.join(out_dir, "logs"))
-        self.tokens_per_batch = tokens_per_batch or recipe.batch_size * recipe.sequence_length
-        self.timed_batches, self.started, self.excluded, self.paused = 0, None, 0.0, None
-
-    # Validation and checkpoint writing are not training: their time is excluded.
-    def on_test_begin(self, logs=None):
-        self.paused = time.perf_counter()
-
-    def on_test_end(self, logs=None):
-        self.excluded += time.perf_counter() - self.paused
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.started is None:  # the first batch includes tracing: time from its end
-            self.started = time.perf_counter()
-        else:
-            self.timed_batches += 1
-
-    def on_epoch_end(self, epoch, logs=None):
-        step = (epoch + 1) * self.interval
-        opt = self.model.optimizer
-        lr = float(opt.learning_rate)
-        row = {"step": step, "lr": lr, **{k: float(v) for k, v in (logs or {}).items() if logged(k)}}
-        self.result.history.append(row)
-        self.result.step = step
-        with self.writer.as_default(step=step):
-            for key, value in row.items():
-                if key != "step":
-                    tf.summary.scalar(key, value)
-            if self.started is not None and self.timed_batches:
-                tf.summary.scalar("tokens_per_second", self.tokens_per_second())
-        self.writer.flush()
-        every = self.recipe.checkpoint_every
-        if step // every > (step - self.interval) // every or step == self.recipe.steps:
-            began = time.perf_counter()
-            state.save(self.out_dir, step, self.model, opt, keep=self.recipe.keep_checkpoints, base=self.base)
-            self.excluded += time.perf_counter() - began
-
-    def tokens_per_second(self):
-        elapsed = time.perf_counter() - self.started - self.excluded
-        return self.timed_batches * self.tokens_per_batch / elapsed if elapsed > 0 else float("nan")
+def begin(recipe, steps=None, strategy=None, devices=None, collective_timeout=None):
+    """(recipe, cluster): the recipe stretched to `steps`, and the strategy's cluster, made first:
+    a multi-worker strategy must exist before TensorFlow runs anything."""
+    recipe = get(recipe) if not isinstance(recipe, Recipe) else recipe
+    if recipe.lora_rank and recipe.weights is None:
+        shape = f" ({recipe.name}: {recipe.spec.description})" if recipe.spec.description else ""
+        raise ValueError(f"The recipe of {recipe.name!r} trains LoRA adapters, which adapt pretrained weights (a run "
+                         "keeps only the adapters and a reference to them): pass weights= (--weights BASE), a Hugging "
+                         f"Face folder{shape}.")
+    if steps is not None and steps != recipe.steps:
+        recipe = recipe.with_steps(steps)
+    cluster = strategy
+    if not isinstance(strategy, distribute.Cluster):
+        cluster = distribute.make(strategy, devices, collective_timeout)
+    cluster.check_batch(recipe.batch_size)
+    return recipe, cluster
 
 
 def check_lengths(recipe):
@@ -114,33 +126,17 @@ def check_lengths(recipe):
                          "maskable positions of a row; lower max_predictions.")
 
 
-def saved_tokenizer(recipe, out_dir):
-    """The tokenizer a run already wrote into out_dir (None if there is none yet)."""
-    saved = os.path.join(out_dir, TOKENIZER_DIR)
-    if recipe.weights:  # the checkpoint's own tokenizer, in whichever files it came (None if none yet)
-        return zoo.hub.load_tokenizer(saved) if os.path.isdir(saved) else None
-    family = vocab_lib.family_of(recipe.spec)
-    return vocab_lib.load(saved, family, recipe.lowercase) if vocab_lib.files_in(saved, family) else None
-
-
-def _tokenizer(recipe, out_dir, train_docs, scratch):
-    """(tokenizer, its files): the one already in out_dir (resume), the pretrained
-    weights' own, the recipe's vocabulary files, or one trained on the corpus
-    (written to `scratch`)."""
-    family = vocab_lib.family_of(recipe.spec)
-    saved = os.path.join(out_dir, TOKENIZER_DIR)
-    if state.resumes(out_dir) and (tokenizer := saved_tokenizer(recipe, out_dir)) is not None:
-        return tokenizer, saved
-    if recipe.weights:
-        tokenizer = pretrained.tokenizer(recipe.weights)
-        zoo.hub.save_tokenizer(tokenizer, scratch)
-        return tokenizer, scratch
-    if recipe.vocabulary:
-        return vocab_lib.load(recipe.vocabulary, family, recipe.lowercase), recipe.vocabulary
-    print(f"Training a {'WordPiece' if family == 'bert' else 'byte-level BPE'} vocabulary of "
-          f"{recipe.spec.vocab_size} tokens on the corpus...")
-    texts = train_docs.map(lambda text, label: text) if recipe.task == "classifier" else train_docs
-    return vocab_lib.train(texts, family, recipe.spec.vocab_size, scratch, recipe.lowercase), scratch
+def restore(recipe, cluster, out_dir, base=None, num_classes=None):
+    """(model, first step): the recipe's model, built under the cluster's scope with its optimizer,
+    and out_dir's last checkpoint restored into both (step 0 when there is none)."""
+    with cluster.scope():
+        model = build(recipe, num_classes)
+        model.optimizer.build(model.trainable_variables)
+        model = cluster.prepare(model)
+        start, folder = state.restore_latest(out_dir, model, model.optimizer, base, chief=cluster.chief)
+        if folder:
+            print(f"Resuming {recipe.name} from step {start} ({folder}).")
+    return model, start
 
 
 def build(recipe, num_classes=None):
@@ -175,9 +171,7 @@ def build(recipe, num_classes=None):
         model.set_fused_update(True, recipe.fused_clip)
     if recipe.packing:
         model.set_packed(True)  # the padding mask numbers the examples of a row (recipes.sft_data)
-    if recipe.preference:  # the reference: LoRA's base, or log-probabilities stored before training (recipes.dpo)
-        zoo.preference.set_preference(model, recipe.preference, recipe.beta, recipe.loss_type, recipe.label_smoothing,
-                                      recipe.simpo_gamma, recipe.preference_reference)
+    kinds.of(recipe).loss(model, recipe)  # preference tuning's step and reference (recipes.dpo)
     model.compile(
         optimizer=optim.optimizer(recipe, model),
         loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
@@ -208,134 +202,12 @@ def choose_auto(recipe) -> Recipe:
     return recipe.replace(checkpointing=policy, fused=bool(fused))
 
 
-def prepare(recipe, out_dir, train_docs, meta, beside_tokenizer=None):
-    """The chief's part before training: the tokenizer (checked, written) and run.json.
-    `beside_tokenizer(folder)` writes more files into the tokenizer's folder (a chat template)."""
-    scratch = tempfile.mkdtemp(prefix="recipes-vocab-")
-    try:
-        tokenizer, source = _tokenizer(recipe, out_dir, train_docs, scratch)
-        if beside_tokenizer is not None and source == scratch:
-            beside_tokenizer(scratch)
-        if tokenizer.vocabulary_size() > recipe.spec.vocab_size:
-            raise ValueError(f"The tokenizer has {tokenizer.vocabulary_size()} tokens but {recipe.name!r} embeds "
-                             f"only {recipe.spec.vocab_size}; use a smaller vocabulary or override vocab_size.")
-        vocab_lib.special_ids(tokenizer)
-        # All checks passed: from here on out_dir is written.
-        os.makedirs(out_dir, exist_ok=True)
-        saved = os.path.join(out_dir, TOKENIZER_DIR)
-        if source != saved:  # whole or not at all: a resumed run reads it back
-            with atomic_path(saved, overwrite=True) as tmp:
-                if recipe.weights:  # the checkpoint's tokenizer, settings included
-                    shutil.copytree(source, tmp)
-                else:
-                    vocab_lib.copy(source, vocab_lib.family_of(recipe.spec), tmp)
-        write_json(os.path.join(out_dir, state.RUN_FILE), meta)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    state.discard_partial(out_dir)
-    return tokenizer
-
-
-def chiefs_tokenizer(recipe, out_dir):
-    tokenizer = saved_tokenizer(recipe, out_dir)
-    if tokenizer is None:
-        raise ValueError(f"This worker does not see the tokenizer the chief wrote into {out_dir!r}: a multi-worker "
-                         "run's --out-dir must be storage every host shares (NFS, a mounted bucket), at the same path.")
-    return tokenizer
-
-
-def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_dir=None,
-        validation_every=0, validation_batches=8, callbacks=(), verbose="auto", hf_out=None,
-        strategy=None, devices=None, merge=False, collective_timeout=None) -> Result:
-    """The documents recipes' half of `recipes.run` (recipes.train): text (MLM, causal LM) and classify
-    recipes on .txt/.csv/.tsv/.jsonl/tfds data. Arguments as `recipes.run`."""
-    recipe, cluster = begin(recipe, steps, strategy, devices, collective_timeout)
-    if recipe.task == "classifier" and label_column is None:
-        raise ValueError("The classify recipe needs labels: pass label_column (--label-column).")
-    check_lengths(recipe)
-    docs = data_lib.documents(data, column, label_column if recipe.task == "classifier" else None, data_dir)
-    train_docs, valid_docs = data_lib.split(docs, validation_every)
-    labels = data_lib.labels_of(train_docs) if recipe.task == "classifier" else None
-    if labels is not None and len(labels) < 2:
-        raise ValueError(f"Column {label_column!r} holds {len(labels)} distinct label(s) ({labels}); "
-                         "classification needs at least 2.")
-    if labels is not None and recipe.weights:
-        pretrained.check_labels(recipe.weights, labels)
-    meta, base = run_meta(recipe, out_dir, labels, merge, hf_out)
-
-    # Seed before any tokenizer exists: TensorFlow's seed call clears the eager kernel cache, and with it
-    # the TF-text resource of a SentencePiece tokenizer made earlier (tf.data then fails: "Resource
-    # localhost/_0_SentencepieceOp ... does not exist").
-    keras.utils.set_random_seed(recipe.seed)
-    tokenizer = prepare(recipe, out_dir, train_docs, meta) if cluster.chief else None
-    cluster.barrier()  # workers start once the chief's tokenizer, run.json and checkpoints are in place
-    tokenizer = tokenizer or chiefs_tokenizer(recipe, out_dir)
-
-    model, start = restore(recipe, cluster, out_dir, base, len(labels) if labels else None)
-    k = recipe.accumulation_steps
-    train = cluster.distribute(data_lib.pipeline(recipe, tokenizer, train_docs, labels, training=True, skip=start * k))
-    valid = None
-    if valid_docs is not None:
-        valid = data_lib.pipeline(recipe, tokenizer, valid_docs, labels, training=False)
-        if cluster.kind:  # every replica needs an equal slice: whole batches only
-            valid = valid.unbatch().batch(recipe.batch_size, drop_remainder=True)
-    result = train_and_save(recipe, model, cluster, out_dir, start, train, valid, validation_batches,
-                            validation_every, callbacks, verbose, base)
-    if hf_out and cluster.chief:
-        write_hf(recipe, model, out_dir, hf_out, tokenizer, labels, merge)
-    return result
-
-
-def begin(recipe, steps=None, strategy=None, devices=None, collective_timeout=None):
-    """(recipe, cluster): the recipe stretched to `steps`, and the strategy's cluster, made first:
-    a multi-worker strategy must exist before TensorFlow runs anything."""
-    recipe = get(recipe) if not isinstance(recipe, Recipe) else recipe
-    if recipe.lora_rank and recipe.weights is None:
-        shape = f" ({recipe.name}: {recipe.spec.description})" if recipe.spec.description else ""
-        raise ValueError(f"The recipe of {recipe.name!r} trains LoRA adapters, which adapt pretrained weights (a run "
-                         "keeps only the adapters and a reference to them): pass weights= (--weights BASE), a Hugging "
-                         f"Face folder{shape}.")
-    if steps is not None and steps != recipe.steps:
-        recipe = recipe.with_steps(steps)
-    cluster = strategy
-    if not isinstance(strategy, distribute.Cluster):
-        cluster = distribute.make(strategy, devices, collective_timeout)
-    cluster.check_batch(recipe.batch_size)
-    return recipe, cluster
-
-
-def run_meta(recipe, out_dir, labels=None, merge=False, hf_out=None):
-    """(run.json's record, the LoRA base record or None), checked against what out_dir already holds."""
-    if merge and not (recipe.lora_rank and hf_out):
-        raise ValueError("merge (--merge) writes a LoRA run's adapters merged into its base as --hf-out; it needs "
-                         "lora_rank (--lora-rank) and hf_out (--hf-out).")
-    meta = {"model": recipe.name, "task": recipe.task, "spec": recipe.spec.to_dict(),
-            "recipe": recipe.to_dict(), "labels": labels}
-    base = None
-    if recipe.lora_rank:  # what the adapters go on, fingerprinted: a run keeps only the adapters
-        base = base_record(recipe.weights, recipe.task, recipe.quantize, len(labels) if labels else None)
-        meta["base"] = base
-    state.check_compatible(out_dir, meta)
-    return meta, base
-
-
-def restore(recipe, cluster, out_dir, base=None, num_classes=None):
-    """(model, first step): the recipe's model, built under the cluster's scope with its optimizer,
-    and out_dir's last checkpoint restored into both (step 0 when there is none)."""
-    with cluster.scope():
-        model = build(recipe, num_classes)
-        model.optimizer.build(model.trainable_variables)
-        model = cluster.prepare(model)
-        start, folder = state.restore_latest(out_dir, model, model.optimizer, base, chief=cluster.chief)
-        if folder:
-            print(f"Resuming {recipe.name} from step {start} ({folder}).")
-    return model, start
-
-
 def train_and_save(recipe, model, cluster, out_dir, start, train_data, valid=None, validation_batches=8,
-                   validation_every=0, callbacks=(), verbose="auto", base=None, tokens_per_batch=None) -> Result:
-    """`fit` from `start` to the recipe's last step on the (undistributed) datasets, then the final
-    model; `tokens_per_batch`: what tokens/s counts (default: every position of a batch)."""
+                   validation_every=0, callbacks=(), verbose="auto", base=None, tokens_per_batch=None,
+                   logged=None) -> Result:
+    """`fit` from `start` to the recipe's last step on the training batches (distributed) and the
+    (undistributed) validation set, then the final model; `tokens_per_batch`: what tokens/s counts
+    (default: every position of a batch); `logged(key)`: which of fit's logs the history keeps."""
     interval = math.gcd(min(recipe.log_every, recipe.steps), recipe.steps)
     result = Result(out_dir=out_dir, start_step=start, step=start, model=model)
     valid_steps = None
@@ -351,7 +223,7 @@ def train_and_save(recipe, model, cluster, out_dir, start, train_data, valid=Non
         valid = cluster.distribute(valid.repeat())
     with cluster.writable(out_dir) as write_dir:  # out_dir on the chief, a scratch folder elsewhere
         final = _train(recipe, model, cluster, result, write_dir, train_data, valid, valid_steps, interval, start,
-                       callbacks, verbose, base, tokens_per_batch)
+                       callbacks, verbose, base, tokens_per_batch, logged)
     print(f"{recipe.name}: steps {start} -> {result.step}; {result.tokens_per_second:,.0f} tokens/s; "
           f"peak memory {result.peak_bytes / 2**20:,.0f} MiB ({result.peak_measure}), "
           f"{result.max_rss_bytes / 2**20:,.0f} MiB RSS; "
@@ -359,23 +231,12 @@ def train_and_save(recipe, model, cluster, out_dir, start, train_data, valid=Non
     return result
 
 
-def write_hf(recipe, model, out_dir, hf_out, tokenizer, labels, merge):
-    """The final model as a Hugging Face folder; a LoRA run's as a PEFT adapter folder, or merged
-    into its float base (never the quantized one: its merge would round once more)."""
-    if not recipe.lora_rank:
-        zoo.hub.save(model, hf_out, tokenizer=tokenizer, overwrite=True, labels=labels)
-    elif merge:
-        zoo.hub.save(load_lora_run(out_dir, merge=True), hf_out, tokenizer=tokenizer, overwrite=True, labels=labels)
-    else:
-        zoo.hub.save_adapter(model, hf_out, overwrite=True, tokenizer=tokenizer, base=recipe.weights)
-
-
 def _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps, interval, start, callbacks,
-           verbose, base=None, tokens_per_batch=None):
+           verbose, base=None, tokens_per_batch=None, logged=None):
     """`fit` from `start` to the recipe's last step, then the final model.keras (a LoRA run: its
     adapters and base.json); returns its path."""
     k = recipe.accumulation_steps
-    tracker = _Intervals(recipe, write_dir, interval, result, base, tokens_per_batch)
+    tracker = _Intervals(recipe, write_dir, interval, result, base, tokens_per_batch, logged)
     peak = zoo.memory.PeakMemory().reset()
     if start < recipe.steps:
         try:
@@ -405,3 +266,62 @@ def _train(recipe, model, cluster, result, write_dir, train, valid, valid_steps,
         model.save(tmp)
     return os.path.join(result.out_dir, MODEL_FILE)
 
+
+class _Intervals(keras.callbacks.Callback):
+    """Per-interval bookkeeping: history, TensorBoard scalars, checkpoints, throughput."""
+
+    def __init__(self, recipe, out_dir, interval, result, base=None, tokens_per_batch=None, logged=None):
+        super().__init__()
+        self.recipe, self.out_dir, self.interval, self.result, self.base = recipe, out_dir, interval, result, base
+        self.logged = logged or kinds.Kind().logged
+        self.writer = tf.summary.create_file_writer(os.path.join(out_dir, "logs"))
+        self.tokens_per_batch = tokens_per_batch or recipe.batch_size * recipe.sequence_length
+        self.timed_batches, self.started, self.excluded, self.paused = 0, None, 0.0, None
+
+    # Validation and checkpoint writing are not training: their time is excluded.
+    def on_test_begin(self, logs=None):
+        self.paused = time.perf_counter()
+
+    def on_test_end(self, logs=None):
+        self.excluded += time.perf_counter() - self.paused
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.started is None:  # the first batch includes tracing: time from its end
+            self.started = time.perf_counter()
+        else:
+            self.timed_batches += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        step = (epoch + 1) * self.interval
+        opt = self.model.optimizer
+        lr = float(opt.learning_rate)
+        row = {"step": step, "lr": lr, **{k: float(v) for k, v in (logs or {}).items() if self.logged(k)}}
+        self.result.history.append(row)
+        self.result.step = step
+        with self.writer.as_default(step=step):
+            for key, value in row.items():
+                if key != "step":
+                    tf.summary.scalar(key, value)
+            if self.started is not None and self.timed_batches:
+                tf.summary.scalar("tokens_per_second", self.tokens_per_second())
+        self.writer.flush()
+        every = self.recipe.checkpoint_every
+        if step // every > (step - self.interval) // every or step == self.recipe.steps:
+            began = time.perf_counter()
+            state.save(self.out_dir, step, self.model, opt, keep=self.recipe.keep_checkpoints, base=self.base)
+            self.excluded += time.perf_counter() - began
+
+    def tokens_per_second(self):
+        elapsed = time.perf_counter() - self.started - self.excluded
+        return self.timed_batches * self.tokens_per_batch / elapsed if elapsed > 0 else float("nan")
+
+
+def write_hf(recipe, model, out_dir, hf_out, tokenizer, labels, merge):
+    """The final model as a Hugging Face folder; a LoRA run's as a PEFT adapter folder, or merged
+    into its float base (never the quantized one: its merge would round once more)."""
+    if not recipe.lora_rank:
+        zoo.hub.save(model, hf_out, tokenizer=tokenizer, overwrite=True, labels=labels)
+    elif merge:
+        zoo.hub.save(load_lora_run(out_dir, merge=True), hf_out, tokenizer=tokenizer, overwrite=True, labels=labels)
+    else:
+        zoo.hub.save_adapter(model, hf_out, overwrite=True, tokenizer=tokenizer, base=recipe.weights)

@@ -20,7 +20,7 @@ token to train on; both are counted and reported (`Report`), as are answers that
 trained on). A malformed row is refused with its row number.
 
 Packing (`packed=True`) fills each row with whole examples by best-fit decreasing (as TRL's
-`pack_dataset(strategy="bfd")`), over windows of `PACK_WINDOW` shuffled examples so that rows
+`pack_dataset(strategy="bfd")`), over windows of `conversation.PACK_WINDOW` shuffled examples so that rows
 change between epochs. The padding mask then numbers the examples (1, 2, ...; 0 is padding),
 which a model with `set_packed(True)` reads as documents: attention stays within each and
 positions restart. Each batch's weights are scaled so that the loss is the mean over the batch's
@@ -30,113 +30,28 @@ Order is a function of the seed and the epoch, so `skip(n)` puts a resumed run a
 
 from __future__ import annotations
 
-import bisect
-import json
-import os
-from dataclasses import dataclass, field
-
 import numpy as np
 import tensorflow as tf
 
+from recipes import conversation
+from recipes.conversation import Report
+from recipes.recipe import LOSS_ON
 from zoo.chat import ChatTemplateError
 
 FORMATS = {"messages": ("messages",), "prompt-completion": ("prompt", "completion"), "text": ("text",)}
 DESCRIBED = "TRL's conversational, prompt/completion and language-modeling formats"
-LOSS_ON = ("assistant", "all")  # "assistant": assistant turns, or the completion; "all": every token
-PACK_WINDOW = 1024  # examples packed together (best-fit decreasing inside a shuffled window)
 
 
-@dataclass
-class Report:
-    """What reading the examples kept and dropped, for the log."""
-
-    rows: int = 0
-    kept: int = 0
-    too_long: int = 0
-    longest: int = 0
-    no_trained_token: int = 0
-    untrained_first_token: int = 0  # kept ones whose answer starts the row: its first token has no prediction
-    trained_tokens: int = 0
-    tokens: int = 0
-    dropped_rows: list = field(default_factory=list)  # the first few dropped rows' numbers, for the message
-    unit: str = "example"  # what a row is read as ("pair": preference data)
-
-    def lines(self, sequence_length) -> list[str]:
-        out = [f"{self.kept} of {self.rows} {self.unit}s kept: {self.tokens:,} tokens, {self.trained_tokens:,} trained "
-               "on."]
-        if self.too_long:
-            out.append(f"Dropped {self.too_long} {self.unit}(s) longer than {sequence_length} positions (the longest "
-                       f"has {self.longest}); raise --sequence-length to keep them.")
-        if self.no_trained_token:
-            out.append(f"Dropped {self.no_trained_token} example(s) with no token to train on (no assistant "
-                       "message, or empty answers).")
-        if self.untrained_first_token:
-            out.append(f"Dropped the first answer token of {self.untrained_first_token} {self.unit}(s): the answer "
-                       "starts the sequence (an empty prompt, and no BOS token before it), so nothing predicts it; "
-                       "give the prompt some text to train it.")
-        if self.dropped_rows:
-            out.append(f"Dropped rows (1-based): {', '.join(map(str, self.dropped_rows))}"
-                       + (" ..." if len(self.dropped_rows) < self.too_long + self.no_trained_token else ""))
-        return out
+def read_rows(path) -> tuple[str, list[dict]]:
+    """(format, rows) of a JSONL file in one of `FORMATS`; a row of another format, or none, is refused by number."""
+    return conversation.read_rows(path, FORMATS, DESCRIBED)
 
 
-def read_rows(path, formats=FORMATS, described=DESCRIBED) -> tuple[str, list[dict]]:
-    """(format, rows) of a JSONL file; a row of another format, or none, is refused by number.
-    `formats` maps each format to the keys that make it (the first that fits a row is its format);
-    `described` names them in messages (recipes.dpo_data reads preference rows with its own)."""
-    path = os.fspath(path)
-    if not path.endswith(".jsonl") or not os.path.isfile(path):
-        raise FileNotFoundError(f"Fine-tuning data {path!r} is not a .jsonl file; pass JSONL rows in {described}.")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    raise ValueError(f"{path}, line {number}: not JSON ({error.msg}).") from None
-    if not rows:
-        raise ValueError(f"{path} holds no rows.")
-    kind = format_of(rows[0], path, 1, formats, described)
-    for number, row in enumerate(rows, 1):
-        if (found := format_of(row, path, number, formats, described)) != kind:
-            raise ValueError(f"{path}, row {number}: a {found!r} row in a {kind!r} file; "
-                             "every row must have the first row's format.")
-    return kind, rows
-
-
-def format_of(row, path, number, formats=FORMATS, described=DESCRIBED) -> str:
-    if isinstance(row, dict):
-        for kind, keys in formats.items():
-            if all(k in row for k in keys):
-                return kind
-    wanted = "; ".join(" + ".join(repr(k) for k in keys) for keys in formats.values())
-    found = sorted(row) if isinstance(row, dict) else type(row).__name__
-    raise ValueError(f"{path}, row {number}: no fine-tuning fields (found {found}); each row needs one of: {wanted} "
-                     f"({described}).")
-
-
-def chat_arguments(row, template_kwargs=None) -> tuple[list | None, dict]:
-    """(tools, template keyword arguments) of one row, as TRL reads them: its `tools` column (a list of JSON
-    schemas, or that list as a JSON string) and its `chat_template_kwargs` over the run's."""
-    tools = row.get("tools")
-    if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"`tools` is a string that is not JSON ({error.msg}); give the list of tool schemas.") \
-                from None
-    kwargs = row.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict) or not (tools is None or isinstance(tools, list)):
-        raise ValueError("`chat_template_kwargs` must be an object and `tools` a list of JSON schemas (TRL's columns).")
-    return tools, {**(template_kwargs or {}), **kwargs}
-
-
-def _text_and_spans(kind, row, template, eos, control_tokens=(), template_kwargs=None):
+def text_and_spans(kind, row, template, eos, control_tokens=(), template_kwargs=None):
     """(text, the character spans trained on) of one row, None spans meaning every token."""
     if kind == "text":
         return str(row["text"]) + eos, None
-    tools, kwargs = chat_arguments(row, template_kwargs)
+    tools, kwargs = conversation.chat_arguments(row, template_kwargs)
     if kind == "messages":
         return template.render_with_spans(row["messages"], tools=tools, control_tokens=control_tokens, **kwargs)
     prompt, completion = row["prompt"], row["completion"]
@@ -172,7 +87,7 @@ def examples(kind, rows, template, tokenizer, sequence_length, loss_on="assistan
     texts, spans_of = [], []
     for number in numbers:
         try:
-            text, spans_i = _text_and_spans(kind, rows[number - 1], template, eos, tokenizer.control_tokens,
+            text, spans_i = text_and_spans(kind, rows[number - 1], template, eos, tokenizer.control_tokens,
                                             template_kwargs)
         except ChatTemplateError as error:
             raise ChatTemplateError(f"Row {number}: {error}") from None
@@ -208,67 +123,20 @@ def _plain(rows) -> bool:
 
 
 # ----------------------------------------------------------------------------- rows
-def best_fit_decreasing(lengths, capacity) -> list[list[int]]:
-    """Bins of item indices, each holding at most `capacity`: items longest first, each into the
-    fullest bin it fits (TRL's "bfd")."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    bins, free = [], []  # free: sorted (room left, bin index)
-    for i in order:
-        at = bisect.bisect_left(free, (lengths[i], -1))
-        if at == len(free):
-            bins.append([i])
-            bisect.insort(free, (capacity - lengths[i], len(bins) - 1))
-        else:
-            room, b = free.pop(at)
-            bins[b].append(i)
-            bisect.insort(free, (room - lengths[i], b))
-    return bins
-
-
-def _row(examples_in_row, length, pad_id, packed):
-    """(token_ids, padding_mask, targets, weights) of one row, int32 and float32 [length]."""
-    ids = np.full(length, pad_id, np.int32)
-    mask = np.zeros(length, np.int32)
-    targets = np.zeros(length, np.int32)
-    weights = np.zeros(length, np.float32)
-    at = 0
-    for number, example in enumerate(examples_in_row, 1):
-        n = len(example.ids) - 1
-        ids[at:at + n] = example.ids[:-1]
-        targets[at:at + n] = example.ids[1:]
-        weights[at:at + n] = example.mask[1:]
-        mask[at:at + n] = number if packed else 1
-        at += n
-    return ids, mask, targets, weights
-
-
-def epoch_rows(examples_, length, seed, epoch, packed) -> list[list]:
-    """The rows of one epoch, in order: lists of examples (one each unless packed)."""
-    rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(len(examples_))
-    if not packed:
-        return [[examples_[i]] for i in order]
-    rows = []
-    for start in range(0, len(order), PACK_WINDOW):
-        window = [examples_[i] for i in order[start:start + PACK_WINDOW]]
-        bins = best_fit_decreasing([len(e.ids) - 1 for e in window], length)
-        rows += [[window[i] for i in b] for b in bins]
-    return [rows[i] for i in rng.permutation(len(rows))]
-
-
 def batches(examples_, recipe, pad_id=0, training=True, skip=0):
     """Python generator of (x, targets, weights) numpy batches; training: epochs forever, whole batches."""
     size, length = recipe.batch_size, recipe.sequence_length
     epoch, seen = 0, 0
     while True:
-        rows = epoch_rows(examples_, length, recipe.seed, epoch, recipe.packing)  # validation: epoch 0 each time
+        # validation: epoch 0 each time
+        rows = conversation.epoch_rows(examples_, length, recipe.seed, epoch, recipe.packing)
         stop = len(rows) - len(rows) % size if training else len(rows)
         for start in range(0, stop, size):
             seen += 1
             if seen <= skip:
                 continue
             ids, mask, targets, weights = (np.stack(a) for a in zip(*(
-                _row(r, length, pad_id, recipe.packing) for r in rows[start:start + size])))
+                conversation.row(r, length, pad_id, recipe.packing) for r in rows[start:start + size])))
             total = weights.sum()
             weights *= weights.size / total if total else 0.0  # the mean over the batch's trained tokens
             yield {"token_ids": ids, "padding_mask": mask}, targets, weights
@@ -291,7 +159,7 @@ def dataset(examples_, recipe, pad_id=0, training=True, skip=0) -> tf.data.Datas
 
 def statistics(examples_, recipe) -> dict:
     """One epoch's padding fraction and trained tokens per batch: what packing changes."""
-    rows = epoch_rows(examples_, recipe.sequence_length, recipe.seed, 0, recipe.packing)
+    rows = conversation.epoch_rows(examples_, recipe.sequence_length, recipe.seed, 0, recipe.packing)
     real = sum(len(e.ids) - 1 for e in examples_)
     trained = sum(int(e.mask[1:].sum()) for e in examples_)
     return {"rows": len(rows), "padding_fraction": 1 - real / (len(rows) * recipe.sequence_length),

@@ -1,8 +1,8 @@
-"""`recipes.run`: one entry for every recipe, handing each to the module that trains it (recipes.sft for
-chat rows, recipes.dpo for preference pairs, recipes.runner for documents). It sits above the three, so that
-none of them imports another's entry."""
+"""`recipes.run`: one entry for every recipe, on one skeleton (recipes.runner). The recipes' kinds register
+themselves when imported here (recipes.documents, recipes.sft, recipes.dpo; recipes.kinds), and the skeleton
+finds each run's kind through that registry: none of them imports another, nor the skeleton them."""
 
-from recipes import dpo, runner, sft
+from recipes import documents, dpo, runner, sft  # noqa: F401  (each registers its kind)
 from recipes.runner import Result
 
 
@@ -40,11 +40,5 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
     >>> recipe = recipes.get("classify", weights="path/to/all-MiniLM-L6-v2", steps=300)
     >>> recipes.run(recipe, "reviews.csv", "runs/reviews", label_column="label").history[-1]
     """
-    recipe, cluster = runner.begin(recipe, steps, strategy, devices, collective_timeout)
-    shared = dict(validation_every=validation_every, validation_batches=validation_batches, callbacks=callbacks,
-                  verbose=verbose, hf_out=hf_out, strategy=cluster, merge=merge)
-    if recipe.preference:
-        return dpo.run(recipe, data, out_dir, **shared)
-    if recipe.supervised:
-        return sft.run(recipe, data, out_dir, **shared)
-    return runner.run(recipe, data, out_dir, column=column, label_column=label_column, data_dir=data_dir, **shared)
+    return runner.run(recipe, data, out_dir, steps, column, label_column, data_dir, validation_every,
+                      validation_batches, callbacks, verbose, hf_out, strategy, devices, merge, collective_timeout)

@@ -13,7 +13,7 @@ import pytest
 
 import recipes
 import zoo
-from recipes import dpo, dpo_data
+from recipes import dpo_data, reference
 from tests.common import TINY_DEC
 from tests.recipes.test_resume import final_state, run_interrupted_at_step_4
 from tests.recipes.test_sft import checkpoint, write_jsonl  # noqa: F401 (a fixture)
@@ -55,7 +55,7 @@ def test_a_lora_run_references_its_base_logs_trls_metrics_and_writes_an_adapter(
     recipe = make_recipe(checkpoint, lora_rank=4, lora_targets="all-linear", learning_rate=2e-2, steps=4)
     result = recipes.run(recipe, str(data), str(tmp_path / "run"), validation_every=4, verbose=0,
                          hf_out=str(tmp_path / "hf"))
-    assert not (tmp_path / "run" / dpo.REFERENCE_FILE).exists()  # the reference is the base: nothing stored
+    assert not (tmp_path / "run" / reference.REFERENCE_FILE).exists()  # the reference is the base: nothing stored
     last = result.history[-1]
     for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
                  "logps/rejected"):
@@ -71,7 +71,7 @@ def test_a_full_run_stores_its_reference_and_resumes_bitwise_after_an_interrupti
     recipes.run(recipe, str(data), str(tmp_path / "straight"), verbose=0)
 
     # The stored scores are the starting model's log-probabilities of the pairs, in order.
-    with np.load(tmp_path / "straight" / dpo.REFERENCE_FILE) as stored:
+    with np.load(tmp_path / "straight" / reference.REFERENCE_FILE) as stored:
         np.testing.assert_allclose(stored["train"], starting[1], rtol=1e-6)
 
     killed = tmp_path / "killed"
@@ -86,7 +86,7 @@ def test_a_full_run_stores_its_reference_and_resumes_bitwise_after_an_interrupti
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
-    (killed / dpo.REFERENCE_FILE).unlink()  # a reference that cannot be had any more
+    (killed / reference.REFERENCE_FILE).unlink()  # a reference that cannot be had any more
     with pytest.raises(ValueError, match="reference scores .* are missing .* pass --reference FOLDER"):
         recipes.run(recipe, str(data), str(killed), verbose=0)
 
@@ -107,11 +107,11 @@ def test_a_named_reference_scores_the_pairs_once_and_must_share_the_vocabulary(c
     assert recipe.preference_reference == "stored"
     pairs, expected = starting  # the named reference is the checkpoint: its scores are the starting ones
     policy = zoo.get("dec-base", task="causal_lm", **{**TINY_DEC, "vocab_size": 1000})  # other weights
-    dpo.score(recipe, policy, tmp_path / "scores.npz", "print", pairs, pairs[:2])
+    reference.score(recipe, policy, tmp_path / "scores.npz", "print", pairs, pairs[:2])
     with np.load(tmp_path / "scores.npz") as stored:
         np.testing.assert_allclose(stored["train"], expected, rtol=1e-6)
         assert stored["valid"].shape == (2, 2) and str(stored["fingerprint"]) == "print"
     other = zoo.get("dec-base", task="causal_lm", **{**TINY_DEC, "vocab_size": 1200})
     with pytest.raises(ValueError, match="must share the policy's tokenizer"):
-        dpo.score(recipe, other, tmp_path / "refused.npz", "print", pairs, [])
+        reference.score(recipe, other, tmp_path / "refused.npz", "print", pairs, [])
     assert not (tmp_path / "refused.npz").exists()

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import recipes
 import zoo
-from recipes import sft_data
+from recipes import conversation, sft_data
 from tests.common import TINY_DEC
 from zoo.chat import Chat, ChatTemplate, ChatTemplateError, ChatTokenizer
 
@@ -157,7 +157,7 @@ def test_rows_carry_tools_and_template_kwargs_as_trl_reads_them(name, case):
 def test_packed_rows_hold_each_example_once_and_never_predict_across_them(tokenizer):
     examples, _ = sft_data.examples("messages", conversations(40), template_of("qwen2.5"), tokenizer, 256)
     recipe = recipes.get("sft").replace(batch_size=2, sequence_length=256, packing=True)
-    rows = sft_data.epoch_rows(examples, 256, recipe.seed, 0, packed=True)
+    rows = conversation.epoch_rows(examples, 256, recipe.seed, 0, packed=True)
     assert sorted(id(e) for row in rows for e in row) == sorted(id(e) for e in examples)
     assert all(sum(len(e.ids) - 1 for e in row) <= 256 for row in rows)
     assert len(rows) < len(examples) / 2  # best-fit decreasing packs short answers together
