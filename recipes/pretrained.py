@@ -76,7 +76,7 @@ def tokenizer(weights: str):
 def load_model(recipe, num_classes=None):
     """The recipe's model with the checkpoint's weights (a new head where the checkpoint has none); with
     `quantize`, each kernel is quantized as it is read, so the float model never exists (the runner's
-    `zoo.lora.quantize_base` then finds it quantized and changes nothing)."""
+    `zoo.quantization.quantize_base` then finds it quantized and changes nothing)."""
     shape_overrides = {k: v for k, v in recipe.model_overrides.items() if k != "num_classes"}
     task_args = {"num_classes": num_classes} if recipe.task == "classifier" else {}
     return zoo.hub.load(recipe.weights, task=recipe.task, checkpointing=recipe.checkpointing,

@@ -162,7 +162,7 @@ def build(recipe, num_classes=None):
         model = zoo.get(recipe.model, checkpointing=recipe.checkpointing, dtype=recipe.dtype_policy,
                         task=recipe.task, **overrides)
     if recipe.quantize:
-        zoo.lora.quantize_base(model, recipe.quantize)
+        zoo.quantization.quantize_base(model, recipe.quantize)
     if recipe.lora_rank:
         zoo.lora.enable_lora(model, recipe.lora_rank, recipe.alpha, recipe.targets)
     if recipe.task == "causal_lm":

@@ -23,7 +23,6 @@ from zoo import checks
 from zoo.checks import QUANTIZATION_MODES
 from zoo.models import classifier_head, hf_projections
 from zoo.quantization import collect_once
-from zoo.quantization import quantize_base as quantize_base  # its old home: scripts call zoo.lora.quantize_base
 from zoo.shapes import LORA_DEFAULT_TARGETS, variables
 
 ALL_LINEAR = "all-linear"

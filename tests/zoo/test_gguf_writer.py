@@ -202,7 +202,7 @@ def test_bad_input_is_refused_with_the_fix(case, tokenizer, tmp_path):
         args["path"] = tmp_path / "x.bin"
     elif case == "keras-quantized":  # a QLoRA base: its int8 kernels are not weights llama.cpp reads
         args["model"] = zoo.get("dec-base", **dict(TINY_DEC, num_layers=1))  # not the shared fixture model
-        zoo.lora.quantize_base(args["model"], "int8")
+        zoo.quantization.quantize_base(args["model"], "int8")
     else:
         args["model"] = zoo.get("dec-base", **dict(TINY_DEC, num_layers=1, vocab_size=64))
     with pytest.raises(ValueError, match=expect[case]):

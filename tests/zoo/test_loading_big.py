@@ -61,9 +61,9 @@ def test_sharded_bfloat16_into_int4_equals_whole_then_quantized(saved, monkeypat
     spec = zoo.spec(name).replace(**TINY_DEC, tie_embeddings=tied)
     streamed = zoo.get(spec, weights=sharded, quantize=mode, dtype=dtype, tokenizer=False)
     reference = hub.load(whole, dtype=dtype, tokenizer=False)
-    lora.quantize_base(reference, mode)
+    quantization.quantize_base(reference, mode)
     assert_same_model(streamed, reference)
-    assert lora.quantize_base(streamed, mode)  # already quantized in this mode: nothing changes (zoo train)
+    assert quantization.quantize_base(streamed, mode)  # already quantized in this mode: nothing changes (zoo train)
     x = {"token_ids": np.arange(10, dtype="int32")[None] % 128, "padding_mask": np.ones((1, 10), "int32")}
     np.testing.assert_array_equal(np.asarray(streamed(x)["logits"]), np.asarray(reference(x)["logits"]))
     for model in (streamed, reference):  # QLoRA trains on either the same way

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import zoo
 from tests.common import TINY, TINY_DEC
-from zoo import lora, memory, shapes
+from zoo import lora, memory, quantization, shapes
 from zoo.memory.lora import plan as lora_plan
 
 SHAPES = {"enc-mini": dict(TINY, dropout=0.1), "dec-base": dict(TINY_DEC, dropout=0.1)}
@@ -160,7 +160,7 @@ def test_fit_on_a_quantized_base_trains_only_the_adapters_and_a_new_classifier()
     chunked LM loss trains the same way through the recipes (tests/recipes/test_lora_runs.py)."""
     model = build("enc-mini", policy="full", dtype="mixed_bfloat16")
     x = inputs(model)
-    lora.quantize_base(model, "int8")
+    quantization.quantize_base(model, "int8")
     lora.enable_lora(model, rank=4, alpha=8, targets="all-linear")
     trainable = {v.path for v in model.trainable_variables}
     head = {"classifier/kernel", "classifier/bias"}
@@ -196,7 +196,7 @@ def test_full_recomputation_gives_the_same_adapter_gradients(name, mode):
     for policy in ("none", "full"):
         model = build(name, policy=policy)
         if mode:
-            lora.quantize_base(model, mode)
+            quantization.quantize_base(model, mode)
         lora.enable_lora(model, rank=4, alpha=8, targets="all-linear")
         random_b(model)
         x = inputs(model)
@@ -240,7 +240,7 @@ def quantized_close_to(model, mode, reference, x, capsys):
     """Quantizes `model` (built like the float one that gave the `reference` logits) and checks what it became:
     the layers quantized, a new head kept float, and its logits' error to float. Returns the quantized layers."""
     name = "enc-mini" if model.task == "classifier" else "dec-base"
-    quantized = lora.quantize_base(model, mode)
+    quantized = quantization.quantize_base(model, mode)
     kinds = {type(layer).__name__ for layer in model._flatten_layers() if layer.path in quantized}
     # decoders: keras-hub's ReversibleEmbedding as zoo's ScaledEmbedding (Gemma's x sqrt(h); None here)
     assert kinds == {"Dense"} | ({"Embedding", "ReversibleEmbedding"} if name == "enc-mini" else {"ScaledEmbedding"})
@@ -271,7 +271,7 @@ def test_a_quantized_gemma3_keeps_its_embedding_scale(capsys):
     model = zoo.get("gemma3-1b", **TINY_DEC, head_dim=32)
     x = inputs(model)
     reference = logits(model, x)
-    quantized = lora.quantize_base(model, "int8")
+    quantized = quantization.quantize_base(model, "int8")
     assert "ScaledEmbedding" in {type(layer).__name__ for layer in model._flatten_layers() if layer.path in quantized}
     error = np.abs(logits(model, x) - reference).max() / np.abs(reference).max()
     with capsys.disabled():
@@ -298,7 +298,7 @@ def test_deleted_and_quantized_models_free_their_float_kernels():
     del built
     assert size > 7e6 and current() - start <= 2**20  # 7.9 MB of float32 kernels, all freed
     quantized = model()
-    lora.quantize_base(quantized, "int8")
+    quantization.quantize_base(quantized, "int8")
     stored = sum(np.asarray(v.numpy()).nbytes for v in quantized.weights)
     assert stored < 0.3 * size  # a quarter of it in int8
     assert current() - start <= stored + 2**20
@@ -357,7 +357,7 @@ def test_bad_input_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="no LoRA adapters to merge"):
         lora.merge_lora(model)
     with pytest.raises(ValueError, match="Unknown quantization mode 'int2'"):
-        lora.quantize_base(model, "int2")
+        quantization.quantize_base(model, "int2")
     assert not lora.has_lora(model) and all(v.trainable for v in model.weights if "seed" not in v.path)
     lora.enable_lora(model)
     with pytest.raises(ValueError, match="fused update is not combined with LoRA"):
@@ -365,4 +365,4 @@ def test_bad_input_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="already has LoRA"):
         lora.enable_lora(model, targets=["o_proj"])
     with pytest.raises(ValueError, match="before enable_lora"):
-        lora.quantize_base(model, "int8")
+        quantization.quantize_base(model, "int8")

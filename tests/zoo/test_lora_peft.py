@@ -13,7 +13,7 @@ from safetensors.numpy import save_file
 
 import zoo
 from tests.common import REPO
-from zoo import hub, lora
+from zoo import hub, lora, quantization
 from zoo.hub import peft
 
 FIXTURES = REPO / "tests" / "fixtures" / "peft"
@@ -172,6 +172,6 @@ def test_unsupported_adapters_and_misuse_are_refused(tmp_path):
                                          r"merge_lora\(\) first"):
         hub.save(model, tmp_path / "hf")
     lora.merge_lora(model)
-    lora.quantize_base(model, "int8")
+    quantization.quantize_base(model, "int8")
     with pytest.raises(ValueError, match="Cannot save Hugging Face weights of a quantized model"):
         hub.save(model, tmp_path / "hf")

@@ -7,7 +7,7 @@ import pytest
 
 import zoo
 from tests.zoo.test_memory import DEC, B, S
-from zoo import lora, memory
+from zoo import memory, quantization
 from zoo.cli import main
 from zoo.memory.lora import plan
 
@@ -72,7 +72,7 @@ def stored_bytes(model):
 @pytest.mark.parametrize("quantize", ["int8", "int4"])
 def test_frozen_bytes_are_what_keras_stores(quantize):
     model = zoo.get(DEC, task="causal_lm")
-    lora.quantize_base(model, quantize)
+    quantization.quantize_base(model, quantize)
     assert stored_bytes(model) == plan(DEC, "causal_lm", 4, quantize=quantize).frozen
 
 
