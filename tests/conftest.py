@@ -16,16 +16,15 @@ import pytest
 
 from tools.assets import AssetUnavailable, fetch
 
-# The longest files, longest first (worker-seconds on 2 cores, --durations=0, 2026-12-06 08:48, and trims since):
+# The longest files, longest first (worker-seconds on 2 cores, --durations=0, 2026-12-06 10:48 on an AVX-512 EPYC):
 # pytest-xdist's --dist loadfile hands out files in collection order, so a long file collected last kept one worker
 # busy minutes after the other had finished.
 LONGEST_FIRST = ["test_measure.py", "test_recompute.py", "test_multi_worker.py", "test_distribute.py",
-                 "test_export.py", "test_recipes.py", "test_loading_big.py", "test_lora.py", "test_hub_real.py",
-                 "test_fused_precision.py", "test_resume.py", "test_hub.py", "test_generation.py",
-                 "test_preference_step.py", "test_dpo.py", "test_export_stand_in.py", "test_lora_recipes.py",
-                 "test_every_recipe.py", "test_fused.py", "test_fused_recipes.py", "test_export_generate.py",
-                 "test_lm_loss.py", "test_registry.py", "test_device_check.py", "test_packing.py",
-                 "test_pretrained.py"]
+                 "test_export.py", "test_fused_precision.py", "test_recipes.py", "test_lora.py", "test_hub_real.py",
+                 "test_generation.py", "test_export_stand_in.py", "test_loading_big.py", "test_preference_step.py",
+                 "test_lora_recipes.py", "test_device_check.py", "test_resume.py", "test_export_generate.py",
+                 "test_fused_recipes.py", "test_dpo.py", "test_lm_loss.py", "test_every_recipe.py", "test_sft.py",
+                 "test_pretrained.py", "test_optimizers.py", "test_export_litert.py", "test_packing.py"]
 
 
 def pytest_collection_modifyitems(items):
