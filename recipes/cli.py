@@ -11,7 +11,7 @@ import math
 import sys
 from pathlib import Path
 
-from recipes.recipe import Recipe, section_of
+from recipes.recipe import Recipe, refuse_if_foreign, section_of
 from zoo.cli.generate import json_object
 
 
@@ -56,14 +56,10 @@ def add_recipe_flags(parser):
 
 
 def refuse_foreign_flags(recipe, changes):
-    """A flag of a section that `recipe` does not read (a DPO flag on a pre-training run) is refused by name,
-    with the recipes that read it (issue 48), where the recipe would otherwise ignore it."""
+    """A flag of a section that `recipe` does not read is refused by name even at its default value (the Recipe
+    itself refuses only values away from their defaults, all the API can tell apart)."""
     for name in changes:
-        owners = _FIELDS[name].metadata["recipes"] or section_of(name).recipes
-        if owners and recipe.kind not in owners:
-            raise ValueError(f"{flag(name)} belongs to the {' / '.join(owners)} recipe{'s' * (len(owners) > 1)}, "
-                             f"and this run's recipe is of kind {recipe.kind!r}, which does not read it: drop "
-                             f"{flag(name)}, or pass --recipe {owners[0]}.")
+        refuse_if_foreign(recipe, name)
 
 
 def register(subparsers):

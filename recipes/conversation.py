@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from recipes import pretrained, state
+from zoo import reading
 from zoo.chat import ChatTemplate, ChatTokenizer
 from zoo.loading import TOKENIZER_DIR
 
@@ -91,14 +92,7 @@ def read_rows(path, formats, described) -> tuple[str, list[dict]]:
     path = os.fspath(path)
     if not path.endswith(".jsonl") or not os.path.isfile(path):
         raise FileNotFoundError(f"Fine-tuning data {path!r} is not a .jsonl file; pass JSONL rows in {described}.")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    raise ValueError(f"{path}, line {number}: not JSON ({error.msg}).") from None
+    rows = [row for _, row in reading.jsonl_records(path)]
     if not rows:
         raise ValueError(f"{path} holds no rows.")
     kind = format_of(rows[0], path, 1, formats, described)

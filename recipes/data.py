@@ -18,8 +18,6 @@ run at the same batch; the MLM masks are drawn by tf.text's stateful random ops
 and differ between runs.
 """
 
-import csv
-import json
 import os
 import weakref
 
@@ -27,6 +25,7 @@ import keras_hub
 import tensorflow as tf
 
 from recipes import vocab as vocab_lib
+from zoo import reading
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -47,8 +46,7 @@ def _columns_error(path, kind, column, available):
 
 def _delimited(path, column, label_column):
     delimiter = "\t" if path.endswith((".tsv", ".tab")) else ","
-    with open(path, newline="", encoding="utf-8") as f:
-        header = next(csv.reader(f, delimiter=delimiter), [])
+    header = reading.csv_header(path, delimiter)
     if not header:
         raise ValueError(f"Data file {path!r} is empty: it has no header row and no text.")
     column = column or ("text" if "text" in header else None)
@@ -57,33 +55,46 @@ def _delimited(path, column, label_column):
             raise _columns_error(path, kind, name, header)
     if column is None:
         raise ValueError(f"{path!r} has no 'text' column; name the text column (columns: {', '.join(header)}).")
+    for _ in reading.csv_rows(path, delimiter):  # one pass now: a damaged line fails here, not mid-training
+        pass
 
     def rows():
-        csv.field_size_limit(1 << 30)
-        with open(path, newline="", encoding="utf-8") as f:
-            for row in csv.DictReader(f, delimiter=delimiter):
-                yield (row[column] or "",) + ((row[label_column] or "",) if label_column else ())
+        for _, row in reading.csv_rows(path, delimiter):
+            yield (row[column] or "",) + ((row[label_column] or "",) if label_column else ())
 
     return rows
 
 
+def _text_of(path, number, record, name, kind):
+    """A JSONL row's field as text; refused by row where it holds no text (a conversation, an object, null)."""
+    value = record.get(name) if isinstance(record, dict) else None
+    if isinstance(record, dict) and name not in record:
+        raise _columns_error(path, f"{kind} (row {number})", name, list(record))
+    if isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return str(value)
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m for m in value):
+        raise ValueError(f"{path}, row {number}: field {name!r} holds a conversation ({len(value)} messages), not "
+                         "text; pre-training reads one text per row. Train chat rows with --recipe sft (or "
+                         "recipes.get('sft', ...)), or name a text field with --text-column.")
+    what = "not a JSON object" if not isinstance(record, dict) else f"field {name!r} holds {type(value).__name__}"
+    raise ValueError(f"{path}, row {number}: {what}, not text; every row must be an object whose {name!r} is a "
+                     "string (or a number).")
+
+
 def _jsonl(path, column, label_column):
     column = column or "text"
-    with open(path, encoding="utf-8") as f:
-        first = next((line for line in f if line.strip()), None)
-    if first is None:
+    found = 0
+    for number, record in reading.jsonl_records(path):  # one pass now: a damaged row fails here, not mid-training
+        found += 1
+        _text_of(path, number, record, column, "Text field")
+        if label_column:
+            _text_of(path, number, record, label_column, "Label field")
+    if not found:
         raise ValueError(f"Data file {path!r} is empty: it holds no JSON lines.")
-    keys = list(json.loads(first))
-    for kind, name in (("Text field", column), ("Label field", label_column)):
-        if name is not None and name not in keys:
-            raise _columns_error(path, kind, name, keys)
 
     def rows():
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    record = json.loads(line)
-                    yield (str(record[column]),) + ((str(record[label_column]),) if label_column else ())
+        for _, record in reading.jsonl_records(path):
+            yield (str(record[column]),) + ((str(record[label_column]),) if label_column else ())
 
     return rows
 

@@ -369,6 +369,10 @@ class Recipe(Logging, Data, Preference, Chat, SFT, Batches, Optimizer, LoRA, Mem
             object.__setattr__(self, "lora_targets", ",".join(self.lora_targets))
         for section in SECTIONS:
             section.check(self)
+        defaults = self.defaults()
+        for name in defaults:  # what the API was given: a field this recipe ignores, set away from its default
+            if getattr(self, name) != defaults[name]:
+                refuse_if_foreign(self, name)
 
     # -------------------------------------------------------------------------
     @property
@@ -409,6 +413,18 @@ class Recipe(Logging, Data, Preference, Chat, SFT, Batches, Optimizer, LoRA, Mem
 def section_of(name) -> type:
     """The section that defines field `name`."""
     return next(s for s in SECTIONS if name in s.__annotations__)
+
+
+def refuse_if_foreign(recipe, name):
+    """Field `name` refused by name where `recipe`'s kind does not read it (a DPO field on a pre-training or SFT
+    run), with the recipes that do (issue 48): the run would otherwise ignore it and record it in run.json."""
+    field = next(f for f in dataclasses.fields(Recipe) if f.name == name)
+    owners = field.metadata.get("recipes") or section_of(name).recipes
+    if owners and recipe.kind not in owners:
+        flag = "--" + name.replace("_", "-")
+        raise ValueError(f"{flag} belongs to the {' / '.join(owners)} recipe{'s' * (len(owners) > 1)}, and this "
+                         f"run's recipe is of kind {recipe.kind!r}, which does not read it: drop {flag}, or pass "
+                         f"--recipe {owners[0]}.")
 
 
 _RECIPES = Registry("recipe", Recipe)

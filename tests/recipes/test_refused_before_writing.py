@@ -4,6 +4,7 @@ after run.json was written, which then refused the corrected command); rows with
 missing, not "raise --sequence-length" (issue 48, classes 2 and 6)."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -76,3 +77,62 @@ def test_identical_answers_are_refused_in_explicit_pairs_too(checkpoint):
         with pytest.raises(ValueError, match=r"^Row 1: chosen and rejected are the same: there is no preference to "
                                              r"learn\.$"):
             dpo_data.pairs("explicit", [row], template, tokenizer, 64)
+
+
+def pretrain(tmp_path, name, content, *flags):
+    """`zoo train dec-base` on a data file written as `content` (bytes), into a fresh out_dir."""
+    data = tmp_path / name
+    data.write_bytes(content)
+    out = tmp_path / "run"
+    code = zoo.cli.main(["train", "dec-base", "--data", str(data), "--out-dir", str(out), "--steps", "1", *flags])
+    return code, data, out
+
+
+CONVERSATION = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
+GOOD = json.dumps({"text": "A line of text."}) + "\n"
+
+
+@pytest.mark.parametrize("name, content, flags, message", [
+    # class 5: a column of message lists is not text (it was read as its Python repr)
+    ("chat.jsonl", (GOOD + json.dumps({"text": CONVERSATION}) + "\n").encode(), (),
+     r"chat.jsonl, row 2: field 'text' holds a conversation \(2 messages\), not text; pre-training reads one text "
+     r"per row. Train chat rows with --recipe sft"),
+    ("mixed.jsonl", (GOOD * 3 + json.dumps({"body": "no text field"}) + "\n").encode(), (),
+     r"Text field \(row 4\) 'text' is not in '.*mixed.jsonl'; its columns are: body"),
+    # class 3: a damaged line names the file and the line, before any model is built
+    ("cut.jsonl", (GOOD * 3 + '{"text": "cut sh').encode(), (),
+     r"cut.jsonl, line 4: not JSON \(Unterminated string starting at: column 10\). Fix that line, or download"),
+    ("latin1.csv", "text\nA line.\nCaf\u00e9 au lait.\n".encode("latin-1"), (),
+     r"latin1.csv, after line \d: not UTF-8 text \(invalid continuation byte\); save the file as UTF-8"),
+])
+def test_data_that_is_not_text_is_refused_by_row_before_out_dir(tmp_path, capsys, name, content, flags, message):
+    code, data, out = pretrain(tmp_path, name, content, *flags)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("zoo train: error: ") and "Traceback" not in err, err
+    assert re.search(message, err), err
+    assert not out.exists() and data.read_bytes() == content
+
+
+def test_chat_rows_that_are_not_json_name_the_line(checkpoint, tmp_path, capsys):
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"messages": [question(1)]}) + "\n{oops\n", encoding="utf-8")
+    code = zoo.cli.main(["train", "--recipe", "sft", "--weights", str(checkpoint), "--data", str(data),
+                         "--out-dir", str(tmp_path / "run"), "--steps", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and f"{data}, line 2: not JSON (Expecting property name enclosed in double quotes" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_flag_of_another_recipe_is_refused_by_name(checkpoint, tmp_path, capsys):
+    """The issue's example: DPO's --beta and --loss-type on an SFT run trained SFT and recorded them in run.json."""
+    rows = [{"messages": [question(i), {"role": "assistant", "content": f"{2 * i}."}]} for i in range(8)]
+    code, out = train(checkpoint, tmp_path, "sft", rows, "--beta", "0.5", "--loss-type", "ipo")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("zoo train: error: --beta belongs to the dpo / simpo recipes") and \
+        "--recipe dpo" in err, err
+    assert not out.exists()
+    import recipes  # the Python API refuses what differs from the default (it cannot tell a default given by hand)
+
+    with pytest.raises(ValueError, match="--loss-type belongs to the dpo recipe, and this run's recipe is of kind "
+                                         "'documents'"):
+        recipes.get("dec-base", loss_type="ipo")

@@ -3,6 +3,7 @@ the Python API and through the command line, never a library's traceback that na
 GGUF file where a Hugging Face folder is read points at the converter (class 6)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +78,35 @@ def test_a_gguf_file_points_at_the_converter(tmp_path):
             load(str(gguf))
     with pytest.raises(FileNotFoundError, match=f"has no config.json; it is not a Hugging Face model folder. .*{fix}"):
         zoo.hub.load(tmp_path)
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def not_utf8(path):
+    path.write_bytes(path.read_bytes()[:40] + b"\xff\xfe" + path.read_bytes()[40:])
+
+
+@pytest.mark.parametrize("source, name, damage, message", [
+    ("sentencepiece", "tokenizer.model", truncate, r"is not readable as a SentencePiece model \(.*\); download or "
+                                                   r"copy it again"),
+    ("gguf/tokenizer", "merges.txt", not_utf8, r"is not UTF-8 text \(invalid start byte at byte 40\); download or "
+                                               r"copy it again"),
+])
+def test_a_damaged_tokenizer_file_is_named(tmp_path, source, name, damage, message):
+    import shutil
+
+    copy = tmp_path / "tokenizer"
+    shutil.copytree(FIXTURES / source, copy)
+    damage(copy / name)
+    with pytest.raises(UnreadableFile, match=f"{copy / name} {message}"):
+        zoo.hub.load_tokenizer(copy)
+
+
+def test_a_truncated_gguf_file_is_named(tmp_path):
+    gguf = tmp_path / "llama-q8_0.gguf"
+    gguf.write_bytes((FIXTURES / "gguf" / "llama-q8_0.gguf").read_bytes()[:20_000])
+    with pytest.raises(UnreadableFile, match=rf"{gguf} is not readable as a GGUF file \(.*\); download or copy it "
+                                             r"again"):
+        zoo.hub.convert_gguf(gguf, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

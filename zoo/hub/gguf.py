@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from zoo import reading
 from zoo.files import atomic_path
 from zoo.hub import llama
 from zoo.hub.weights import WEIGHTS
@@ -63,7 +64,8 @@ def convert_gguf(gguf_path, folder, overwrite=False) -> Path:
     import gguf
     from safetensors.numpy import save_file
 
-    reader = gguf.GGUFReader(str(gguf_path))
+    with reading.parsed_by_library(gguf_path, "a GGUF file"):
+        reader = gguf.GGUFReader(str(gguf_path))
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise ValueError(f"{gguf_path} is a {arch!r} GGUF; only 'llama' GGUF files convert to a zoo model.")

@@ -52,8 +52,7 @@ def wordpiece(path, lowercase=False, special_tokens=True, **kwargs):
     if not vocab.is_file():
         raise FileNotFoundError(f"No WordPiece vocabulary at {str(path)!r}: expected a vocab.txt file or a folder "
                                 "with one.")
-    with open(vocab, encoding="utf-8") as f:
-        tokens = [line.rstrip() for line in f]  # as keras-hub reads a vocabulary file
+    tokens = [line.rstrip() for line in reading.read_text(vocab).splitlines()]  # as keras-hub reads a vocabulary
     cls = keras_hub.models.BertTokenizer if special_tokens else keras_hub.tokenizers.WordPieceTokenizer
     return cls(vocabulary=tokens, lowercase=lowercase, **kwargs)
 
@@ -79,7 +78,7 @@ def byte_pair(folder, unsplittable_tokens=None, **kwargs):
     if not (vocab.is_file() and merges.is_file()):
         raise FileNotFoundError(
             f"No byte-level BPE vocabulary at {str(folder)!r}: expected a folder with {' and '.join(BPE_FILES)}.")
-    rules = [m for m in merges.read_text(encoding="utf-8").splitlines() if m and not m.startswith("#version")]
+    rules = [m for m in reading.read_text(merges).splitlines() if m and not m.startswith("#version")]
     return _bpe(read_json(vocab), rules, unsplittable_tokens, **kwargs)
 
 
@@ -128,7 +127,8 @@ def load_tokenizer(folder):
     if all((folder / name).exists() for name in BPE_FILES):
         return byte_pair(folder, _specials(settings.get("added_tokens_decoder", {}).values()))
     if (folder / SENTENCEPIECE_FILE).exists():  # the model its tokenizer.json was converted from, if any
-        return keras_hub.tokenizers.SentencePieceTokenizer(proto=str(folder / SENTENCEPIECE_FILE))
+        with reading.parsed_by_library(folder / SENTENCEPIECE_FILE, "a SentencePiece model"):
+            return keras_hub.tokenizers.SentencePieceTokenizer(proto=str(folder / SENTENCEPIECE_FILE))
     if (folder / "tokenizer.json").exists():
         spec = read_json(folder / "tokenizer.json")
         model = spec["model"]
