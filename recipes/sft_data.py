@@ -102,10 +102,10 @@ def examples(kind, rows, template, tokenizer, sequence_length, loss_on="assistan
     for number, example, spans in zip(numbers, encoded, spans_of):
         positions = len(example.ids) - 1
         report.longest = max(report.longest, positions)
-        if positions > sequence_length:
-            report.too_long += 1
-        elif example.mask[1:].sum() == 0:
+        if example.mask[1:].sum() == 0:  # first: more positions would not give it one (the advice differs)
             report.no_trained_token += 1
+        elif positions > sequence_length:
+            report.too_long += 1
         else:
             kept.append(example)
             report.tokens += positions

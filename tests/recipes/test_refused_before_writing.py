@@ -58,8 +58,10 @@ def test_no_batch_is_refused_before_out_dir_is_written(checkpoint, tmp_path, cap
     assert not out.exists()  # so the corrected command starts fresh
 
 
-def test_rows_with_no_answer_ask_for_one(checkpoint, tmp_path, capsys):
-    code, out = train(checkpoint, tmp_path, "sft", [{"messages": [question(i)]} for i in range(4)])
+@pytest.mark.parametrize("length", ["64", "16"])  # at 16 the prompts are also too long: still not the advice
+def test_rows_with_no_answer_ask_for_one(checkpoint, tmp_path, capsys, length):
+    code, out = train(checkpoint, tmp_path, "sft", [{"messages": [question(i)]} for i in range(4)],
+                      "--sequence-length", length)
     err = capsys.readouterr().err.strip()
     assert code == 2 and "give rows an assistant message with an answer" in err and "--sequence-length" not in err, err
     assert not out.exists()
