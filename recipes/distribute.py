@@ -205,6 +205,14 @@ def _logs_as_vectors(step, data):
     return {key: tf.reshape(value, [1]) for key, value in step(data).items()}
 
 
+@functools.cache
+def _mirrored(devices):
+    """One MirroredStrategy per set of devices in a process: a second one on the same devices reuses the first's
+    collective instance keys and fails ("Shape mismatch in the collective instance"), so a notebook's second
+    mirrored run (or a resumed one) gets the first's."""
+    return tf.distribute.MirroredStrategy(list(devices) if devices else None)
+
+
 def make(kind: str | None = None, devices=None, collective_timeout=None) -> Cluster:
     """The `Cluster` for `kind` (None: one device), refusing bad input before anything runs.
 
@@ -227,7 +235,7 @@ def make(kind: str | None = None, devices=None, collective_timeout=None) -> Clus
     if kind in (None, "none"):
         return Cluster(tf.distribute.get_strategy())
     if kind == "mirrored":
-        return Cluster(tf.distribute.MirroredStrategy(_local_devices(devices) if devices else None), "mirrored")
+        return Cluster(_mirrored(tuple(_local_devices(devices)) if devices else None), "mirrored")
     config = tf_config()
     collective_timeout = collective_timeout or watchdog.DEFAULT_TIMEOUT_S
     options = tf.distribute.experimental.CommunicationOptions(

@@ -160,3 +160,12 @@ def test_devices_that_do_not_exist_are_named(capsys):
     assert code == 2 and "--devices names GPU:7, which this machine does not have" in err and "CPU:0" in err
     with pytest.raises(ValueError, match="--devices picks the devices of a --strategy mirrored run"):
         distribute.make("multi-worker", ["GPU:0"])
+
+
+def test_a_second_mirrored_cluster_reuses_the_first_strategy():
+    """A second MirroredStrategy on the same devices in one process reuses the first's collective instance keys and
+    fails ("Shape mismatch in the collective instance", seen in distribute_child.py): a notebook's second mirrored
+    run gets the first's strategy; other devices get their own."""
+    first, second = distribute.make("mirrored"), distribute.make("mirrored")
+    assert first.strategy is second.strategy and first.replicas == 1
+    assert distribute.make("mirrored", ["CPU:0"]).strategy is distribute.make("mirrored", ["cpu:0"]).strategy
