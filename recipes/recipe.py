@@ -556,6 +556,15 @@ register("qwen2.5-3b", _torchtune("qwen2.5-3b", "qwen2_5/3B", 8, 16, "5e-6", _QW
 register("qwen2.5-7b", _torchtune("qwen2.5-7b", "qwen2_5/7B", 8, 16, "5e-6", _QWEN25_GUIDE))
 for _name in ("qwen3-4b", "qwen3-8b"):
     register(_name, _lora_sft(_name, 1e-4, 50, 0.1, 1.0, 8, 32.0, lora.ALL_LINEAR, 16, _QWEN3_SWIFT, beta_2=0.95))
+# Google's Gemma 3 QLoRA guide (ai.google.dev/gemma/docs/core/huggingface_text_finetune_qlora): LoRA r 16, alpha
+# 16, all-linear; SFTConfig lr 2e-4, max_grad_norm 0.3, warmup_ratio 0.03, a constant rate (here linear decay to
+# the same rate), batch 1 x 4 accumulated, bf16, Trainer's AdamW (no weight decay).
+register("gemma3-4b", dataclasses.replace(
+    _lora_sft("gemma3-4b", 2e-4, 30, 0.0, 0.3, 16, 16.0, lora.ALL_LINEAR, 4,
+              "LoRA fine-tuning, Google's Gemma 3 QLoRA guide (ai.google.dev/gemma/docs/core/"
+              "huggingface_text_finetune_qlora): lr 2e-4 constant after 3% warmup, max_grad_norm 0.3, rank 16, "
+              "alpha 16, all-linear, 1 x 4 accumulated, bfloat16. QLoRA: --quantize int4."),
+    decay="linear", min_lr_ratio=1.0))
 register("finetune-lm", Recipe(
     task="causal_lm", model="dec-base", learning_rate=5e-5, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
     weight_decay=0.0, clipnorm=1.0, warmup_steps=0, steps=1000, decay="linear", batch_size=8,

@@ -53,6 +53,15 @@ CHECKPOINTS = {
         query_pre_attn_scalar=256, sliding_window=512, sliding_window_pattern=6, attn_logit_softcapping=None,
         final_logit_softcapping=None, attention_bias=False, tie_word_embeddings=True, pad_token_id=0,
         bos_token_id=2, eos_token_id=1)),
+    # google/gemma-3-4b-pt config.json's text_config (Gemma3ForConditionalGeneration; its language model as
+    # Gemma3ForCausalLM: model card "4B" with the 417M-parameter vision tower, which is not counted here)
+    "gemma3-4b": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
+        vocab_size=262208, hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131072,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0}, query_pre_attn_scalar=256, sliding_window=1024,
+        sliding_window_pattern=6, attn_logit_softcapping=None, final_logit_softcapping=None, attention_bias=False,
+        tie_word_embeddings=True, pad_token_id=0, bos_token_id=2, eos_token_id=1)),
     # meta-llama/Llama-3.2-3B config.json (model card: 3.21B parameters)
     "llama3.2-3b": ("LlamaForCausalLM", "LlamaConfig", dict(
         LLAMA3, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24, head_dim=128,

@@ -135,6 +135,16 @@ FIXTURES = {
                                                             "sliding_attention": {"rope_type": "default",
                                                                                   "rope_theta": 20000.0}}),
                           "legacy", 40),
+    # Gemma 3 4B's RoPE: the global layers' positions scaled linearly (factor 4 here; 8 in the checkpoint), the
+    # local layers' not. [local, global], window 8.
+    "gemma3-linear": ("Gemma3ForCausalLM", dict(GEMMA3, num_hidden_layers=2, query_pre_attn_scalar=16, sliding_window=8,
+                                                layer_types=["sliding_attention", "full_attention"],
+                                                rope_parameters={
+                                                    "full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                                       "rope_theta": 1000000.0},
+                                                    "sliding_attention": {"rope_type": "default",
+                                                                          "rope_theta": 10000.0}}),
+                      "transformers", 40),
 }
 
 

@@ -255,11 +255,17 @@ LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_m
 
 
 def _rope_scaling(value, family) -> tuple:
-    """`rope_scaling` as sorted (key, value) pairs, checked: only Llama 3 scaling is computed."""
+    """`rope_scaling` as sorted (key, value) pairs, checked: zoo computes transformers' rope_type "llama3" (Llama
+    3.1/3.2 frequency scaling) on the llama family and "linear" (positions / factor, Gemma 3 4B+ on its global
+    layers) on gemma3."""
     items = dict(value)
+    if family == "gemma3" and items.get("rope_type") == "linear":
+        if set(items) != {"rope_type", "factor"} or not float(items["factor"]) >= 1:
+            raise ValueError(f"rope_scaling {items} needs exactly rope_type 'linear' and a factor >= 1.")
+        return (("factor", float(items["factor"])), ("rope_type", "linear"))
     if family != "llama" or items.get("rope_type") != "llama3":
         raise ValueError(f"rope_scaling={items!r} is not supported; zoo computes rope_type 'llama3' "
-                         "(Llama 3.1/3.2 frequency scaling) on the llama family only.")
+                         "(Llama 3.1/3.2 frequency scaling) on the llama family, and 'linear' on gemma3.")
     missing = [k for k in LLAMA3_ROPE_KEYS if k not in items]
     unknown = sorted(set(items) - {"rope_type", *LLAMA3_ROPE_KEYS})
     if missing or unknown:
@@ -370,8 +376,14 @@ register("qwen2.5-7b", _qwen("qwen2", 152064, 28, 3584, 28, 4, 18944, 131072, Fa
 register("qwen3-4b", _qwen("qwen3", 151936, 36, 2560, 32, 8, 9728, 40960, True, "Qwen/Qwen3-4B shape", head_dim=128))
 register("qwen3-8b", _qwen("qwen3", 151936, 36, 4096, 32, 8, 12288, 40960, False, "Qwen/Qwen3-8B shape",
                            head_dim=128))
-# gemma3-4b is not registered: its text tower scales the global layers' RoPE linearly (rope_scaling
-# {"rope_type": "linear", "factor": 8.0}), which ModelSpec does not compute (only Llama 3's scaling).
+# Gemma 3 4B's text tower (Gemma3ForConditionalGeneration's language model; its vision tower is not counted):
+# the global layers' RoPE scaled linearly (rope_scaling {"rope_type": "linear", "factor": 8.0}).
+register("gemma3-4b", ModelSpec(
+    family="gemma3", vocab_size=262208, num_layers=34, hidden_dim=2560, num_heads=8, num_kv_heads=4, head_dim=256,
+    intermediate_dim=10240, max_sequence_length=131072, layer_norm_epsilon=1e-6, rope_theta=1000000.0,
+    local_rope_theta=10000.0, layer_kinds=("local",) * 5 + ("global",), sliding_window=1024,
+    query_pre_attn_scalar=256, rope_scaling={"rope_type": "linear", "factor": 8.0},
+    description="google/gemma-3-4b-pt text shape"))
 
 
 def _modernbert(num_layers, hidden, heads, ffn, description):

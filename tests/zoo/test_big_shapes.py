@@ -1,5 +1,5 @@
-"""The 3B-8B shapes of issue 36: registered with transformers' parameter counts, and read back from the
-config.json zoo writes for them as the same registered name."""
+"""The 3B-8B shapes of issues 36 and 44 (gemma3-4b): registered with transformers' parameter counts, and read back
+from the config.json zoo writes for them as the same registered name."""
 
 import pytest
 
@@ -9,7 +9,7 @@ from zoo import hub
 # tools/hf_param_counts.py (transformers 5.24, meta device) on each checkpoint's config.json values.
 TRANSFORMERS_COUNTS = {
     "llama3.2-3b": 3_212_749_824, "llama3.1-8b": 8_030_261_248, "qwen2.5-3b": 3_085_938_688,
-    "qwen2.5-7b": 7_615_616_512, "qwen3-4b": 4_022_468_096, "qwen3-8b": 8_190_735_360,
+    "qwen2.5-7b": 7_615_616_512, "qwen3-4b": 4_022_468_096, "qwen3-8b": 8_190_735_360, "gemma3-4b": 3_880_263_168,
 }
 
 

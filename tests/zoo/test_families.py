@@ -16,13 +16,14 @@ from zoo import hub, registry, shapes
 from zoo.generation import generate
 
 FIXTURES = REPO / "tests" / "fixtures" / "hf"
-NEW = ["qwen2", "qwen2-legacy", "qwen3", "gemma3", "gemma3-legacy", "modernbert", "modernbert-legacy"]
+NEW = ["qwen2", "qwen2-legacy", "qwen3", "gemma3", "gemma3-legacy", "gemma3-linear", "modernbert", "modernbert-legacy"]
 FAMILY = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "modernbert": "modernbert"}
 # The windows transformers applies in each fixture, in the zoo's terms (|i - j| < window), and the layers'
 # kinds: what the reader must get from each config format.
 LAYOUT = {
     "qwen2": (("global", "local"), 8), "qwen2-legacy": (("global",), None), "qwen3": (("local", "global"), 8),
     "gemma3": (("local", "global"), 8), "gemma3-legacy": (("local", "global"), 6),
+    "gemma3-linear": (("local", "global"), 8),  # Gemma 3 4B's RoPE: the global layers' scaled linearly
     "modernbert": (("global", "local", "local"), 5), "modernbert-legacy": (("global", "local"), 6),
 }
 
@@ -44,7 +45,8 @@ def test_fixtures_match_transformers(name, loaded):
     print(f"{name}: max |logits - transformers| {np.abs(logits - expected['logits'])[real].max():.2e}")
 
 
-@pytest.mark.parametrize("name", ["qwen2", "gemma3", "gemma3-legacy", "modernbert", "modernbert-legacy"])
+@pytest.mark.parametrize("name", ["qwen2", "gemma3", "gemma3-legacy", "gemma3-linear", "modernbert",
+                                  "modernbert-legacy"])
 def test_rotary_frequencies_per_layer_kind_are_transformers(name, loaded):
     model = loaded(name)
     expected = np.load(FIXTURES / name / "expected.npz", allow_pickle=False)
@@ -180,7 +182,8 @@ def _rope(kind, **values):
     ("gemma3", _set(attn_logit_softcapping=50.0), "attn_logit_softcapping=50.0 is not supported"),
     ("gemma3", _set(use_bidirectional_attention=True), "use_bidirectional_attention=True is not supported"),
     ("gemma3", _set(hidden_activation="gelu"), "hidden_activation='gelu' is not supported"),
-    ("gemma3", _rope("full_attention", rope_type="linear", factor=8.0), r"rope_type='linear' \(full_attention"),
+    ("gemma3", _rope("sliding_attention", rope_type="linear", factor=8.0), r"rope_type='linear' \(sliding_attention"),
+    ("gemma3", _rope("full_attention", rope_type="dynamic", factor=8.0), r"rope_type='dynamic' \(full_attention"),
     ("gemma3-legacy", _set(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_type='yarn'"),
     ("gemma3", _set(layer_types=["sliding_attention", "chunked_attention", "full_attention"]),
      r"layer_types \['chunked_attention'\] are not supported"),

@@ -46,35 +46,40 @@ def layer_types(spec) -> list:
     return [LAYER_TYPES[spec.layer_kind(i)] for i in range(spec.num_layers)]
 
 
-def rope_per_kind(config: dict, legacy_global: str, legacy_local: str, defaults: tuple) -> tuple:
-    """(global theta, local theta) of a family with a RoPE per layer kind (Gemma 3, ModernBERT):
+def rope_per_kind(config: dict, legacy_global: str, legacy_local: str, defaults: tuple, linear_global=False) -> tuple:
+    """(global theta, local theta, global scaling) of a family with a RoPE per layer kind (Gemma 3, ModernBERT):
     transformers 5's `rope_parameters: {"full_attention": {...}, "sliding_attention": {...}}`, or the
-    older top-level keys, then `defaults`. Only plain RoPE (`rope_type` "default") is computed."""
+    older top-level keys (and `rope_scaling`, the global layers'), then `defaults`. Plain RoPE (`rope_type`
+    "default") is computed, and with `linear_global` (Gemma 3 4B+) the global layers' "linear" scaling: the
+    scaling is `{"rope_type": "linear", "factor": F}`, or None."""
     params = config.get("rope_parameters") or {}
     if params and not all(isinstance(v, dict) for v in params.values()):
         raise ValueError(f"rope_parameters {params} is one set; this family's transformers config takes one per layer "
                          "kind ({'full_attention': {...}, 'sliding_attention': {...}}).")
     if config.get("rope_scaling"):
         params = {**params, "full_attention": {**params.get("full_attention", {}), **config["rope_scaling"]}}
-    thetas = []
+    thetas, scaling = [], None
     for kind, key, default in (("full_attention", legacy_global, defaults[0]),
                                ("sliding_attention", legacy_local, defaults[1])):
         kind_params = params.get(kind) or {}
         rope_type = kind_params.get("rope_type", kind_params.get("type", "default"))
-        if rope_type != "default":
+        if rope_type == "linear" and linear_global and kind == "full_attention":
+            scaling = {"rope_type": "linear", "factor": float(kind_params["factor"])}
+        elif rope_type != "default":
             raise ValueError(f"rope_type={rope_type!r} ({kind} layers) is not supported; zoo computes rope_type "
                              "'default' for this family.")
         if kind_params.get("partial_rotary_factor", 1.0) != 1.0:
             raise ValueError(f"partial_rotary_factor={kind_params['partial_rotary_factor']} is not supported; zoo "
                              "rotates the whole head.")
         thetas.append(float(kind_params.get("rope_theta", config.get(key, default))))
-    return tuple(thetas)
+    return (*thetas, scaling)
 
 
 def rope_parameters(spec) -> dict:
     """Per-kind `rope_parameters` as transformers 5 writes them."""
     local = spec.local_rope_theta if spec.local_rope_theta is not None else spec.rope_theta
-    return {"full_attention": {"rope_type": "default", "rope_theta": spec.rope_theta},
+    scaling = dict(spec.rope_scaling) if spec.rope_scaling else {"rope_type": "default"}  # the global layers'
+    return {"full_attention": {**scaling, "rope_theta": spec.rope_theta},
             "sliding_attention": {"rope_type": "default", "rope_theta": local}}
 
 

@@ -31,7 +31,7 @@ def spec_from_config(config: dict) -> ModelSpec:
     """The `ModelSpec` of a Gemma 3 text config in either format: `layer_types` and per-kind
     `rope_parameters` (transformers 5), or `sliding_window_pattern`, `rope_theta` and
     `rope_local_base_freq` (Gemma 3's own files); refusing by name what the zoo does not compute
-    (softcapping, bidirectional attention, biases, RoPE scaling)."""
+    (softcapping, bidirectional attention, biases, RoPE scaling other than the global layers' "linear")."""
     refuse(config, "hidden_activation", ("gelu_pytorch_tanh",), "Gemma 3's MLP is GeGLU with tanh-approximate GELU")
     refuse(config, "attention_bias", (False,), "zoo's Gemma 3 projections have no bias")
     refuse(config, "final_logit_softcapping", (None,), "zoo does not softcap the logits")
@@ -43,12 +43,14 @@ def spec_from_config(config: dict) -> ModelSpec:
     local = "local" in kinds
     if local and not window:
         raise ValueError(f"layer_types has sliding_attention layers but sliding_window is {window!r}; set it.")
-    theta, local_theta = rope_per_kind(config, "rope_theta", "rope_local_base_freq", DEFAULTS["thetas"])
+    theta, local_theta, scaling = rope_per_kind(config, "rope_theta", "rope_local_base_freq", DEFAULTS["thetas"],
+                                                linear_global=True)
     sizes = decoder_sizes(config, head_dim=DEFAULTS["head_dim"], tied=True,
                           max_positions=DEFAULTS["max_position_embeddings"])
     if not sizes["tie_embeddings"]:
         raise ValueError("tie_word_embeddings=False is not supported; Gemma 3's head is the token embedding.")
     return ModelSpec(family=FAMILY, rope_theta=theta, local_rope_theta=local_theta if local else None,
+                     rope_scaling=scaling,
                      layer_kinds=kinds, sliding_window=window if local else None,
                      query_pre_attn_scalar=config.get("query_pre_attn_scalar", DEFAULTS["query_pre_attn_scalar"]),
                      **sizes)

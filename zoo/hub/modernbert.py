@@ -38,7 +38,7 @@ def spec_from_config(config: dict) -> ModelSpec:
     every = config.get("global_attn_every_n_layers", 3)
     kinds = layer_kinds(config, lambda i: "local" if i % every else "global")
     local = "local" in kinds
-    theta, local_theta = rope_per_kind(config, "global_rope_theta", "local_rope_theta", (160000.0, 10000.0))
+    theta, local_theta, _ = rope_per_kind(config, "global_rope_theta", "local_rope_theta", (160000.0, 10000.0))
     dropout = max(config.get(k, 0.0) for k in ("attention_dropout", "mlp_dropout", "embedding_dropout"))
     return ModelSpec(
         family=FAMILY, vocab_size=config.get("vocab_size", 50368), num_layers=config["num_hidden_layers"],

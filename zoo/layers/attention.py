@@ -48,7 +48,7 @@ class Attention(keras.layers.Layer):
         self.packed = False  # set_packed() changes it; not part of the config
         self.use_bias, self.rotary_theta, self.dropout = use_bias, rotary_theta, dropout
         self.qkv_bias = use_bias if qkv_bias is None else qkv_bias
-        self.rope_scaling = dict(rope_scaling) if rope_scaling else None  # Llama 3 frequency scaling
+        self.rope_scaling = dict(rope_scaling) if rope_scaling else None  # Llama 3's, or linear (Gemma 3)
         self.qk_norm = dict(qk_norm) if qk_norm else None
         self.query_dense = self._dense(num_heads * head_dim, "query", self.qkv_bias)
         self.key_dense = self._dense(num_kv_heads * head_dim, "key", self.qkv_bias)
@@ -57,7 +57,12 @@ class Attention(keras.layers.Layer):
         self.key_norm = make_norm(self.qk_norm, self.dtype_policy, "key_norm") if qk_norm else None
         self.output_dense = None  # built in build(): needs the model width
         self.rotary = None
-        if rotary_theta is not None and self.rope_scaling:
+        if rotary_theta is not None and self.rope_scaling and self.rope_scaling["rope_type"] == "linear":
+            from keras_hub.layers import RotaryEmbedding  # transformers' `linear` rope_type: positions / factor
+
+            self.rotary = RotaryEmbedding(max_wavelength=rotary_theta, scaling_factor=self.rope_scaling["factor"],
+                                          dtype=self.dtype_policy, name="rotary")
+        elif rotary_theta is not None and self.rope_scaling:
             # keras-hub's Llama 3 rotary layer (not exported in 0.32): transformers' `llama3` rope_type.
             from keras_hub.src.models.llama.llama_rotary_embedding import LlamaRotaryEmbedding
 
