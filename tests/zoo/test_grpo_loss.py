@@ -118,3 +118,53 @@ def test_bad_settings_are_refused_by_name():
         grpo_loss(logps, [1.0, -1.0], tf.ones([2, 3]), epsilon=0.0)
     with pytest.raises(ValueError, match="2 reward weights for 1 reward functions"):
         weighted_rewards([[1.0], [2.0]], [1.0, 2.0])
+
+
+def test_a_training_step_applies_trls_gradients():
+    """zoo.grpo.train_step (the reference scored with the adapters off in the step) moves every LoRA factor by
+    TRL's gradient: SGD with learning rate 1 subtracts it."""
+    import keras
+
+    name = "dapo-beta0.04-mu2-group"
+    case = WANT["cases"][name]
+    model = zoo.hub.load(REPO / "tests/fixtures/dpo/model", tokenizer=False)
+    zoo.hub.load_adapter(model, FIXTURES / "adapter")
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss=None)
+    settings = zoo.grpo.Grpo(case["loss_type"], case["beta"], WANT["epsilon"], WANT["epsilon_high"],
+                             num_generations=WANT["num_generations"],
+                             max_completion_length=WANT["max_completion_length"], num_iterations=case["mu"]).check()
+    advantages = np.array(case["advantages"], np.float32)
+    variables = lora_variables(model)
+    before = {k: v.numpy() for k, v in variables.items()}
+    loss, _ = zoo.grpo.train_step(model, batch_of(case), advantages, settings, case["old_per_token_logps"],
+                                  num_items=case["num_items_in_batch"])
+    theirs = np.load(FIXTURES / "gradients.npz")
+    assert abs(float(loss) - case["loss"]) <= TOLERANCE
+    moved = max(np.abs((before[k] - v.numpy()).T - theirs[f"{name}/{k}"]).max() for k, v in variables.items())
+    assert moved <= TOLERANCE
+
+
+def test_sampling_lays_out_g_completions_per_prompt_as_trl():
+    from tests.common import TINY_DEC
+
+    model = zoo.get("dec-base", task="causal_lm", **dict(TINY_DEC, vocab_size=61))
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
+    settings = zoo.grpo.Grpo(num_generations=2, max_completion_length=4)
+    free = zoo.grpo.sample(model, prompts, settings, sampler="greedy")
+    assert free["truncated"].all() and (free["completion_lengths"] == 4).all()
+    stop = int(free["completion_ids"][0, 1])  # the first prompt's second greedy token now ends its completions
+    length = free["completion_ids"][0].tolist().index(stop) + 1
+    out = zoo.grpo.sample(model, prompts, settings, stop_token_ids=[stop], sampler="greedy")
+    np.testing.assert_array_equal(out["prompt_ids"], [[0, 0, 5, 6, 7]] * 2 + [[9, 10, 11, 12, 13]] * 2)
+    np.testing.assert_array_equal(out["prompt_mask"], [[0, 0, 1, 1, 1]] * 2 + [[1] * 5] * 2)
+    assert out["completion_lengths"][:2].tolist() == [length] * 2 and not out["truncated"][:2].any()
+    np.testing.assert_array_equal(out["completion_mask"][0], [1] * length + [0] * (4 - length))
+    np.testing.assert_array_equal(out["completion_ids"][0], free["completion_ids"][0, :length].tolist()
+                                  + [0] * (4 - length))
+    masked = zoo.grpo.sample(model, prompts, zoo.grpo.Grpo(num_generations=2, max_completion_length=4,
+                                                           mask_truncated_completions=True),
+                             stop_token_ids=[stop], sampler="greedy")
+    for i in range(4):
+        assert masked["completion_mask"][i].sum() == (0 if masked["truncated"][i] else masked["completion_lengths"][i])
+    with pytest.raises(ValueError, match="num_generations must be an integer >= 2"):
+        zoo.grpo.Grpo(num_generations=1).check()
