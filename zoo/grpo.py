@@ -17,12 +17,13 @@ off (`zoo.lora.adapters_off`, TRL's reference for a PEFT model) or log-probabili
 
 from dataclasses import dataclass
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from zoo import lora
 from zoo.generation import _generate_ids
-from zoo.ops.grpo import check_grpo, grpo_loss
+from zoo.ops.grpo import METRIC_NAMES, check_grpo, group_advantages, grpo_loss
 from zoo.ops.preference import token_logps
 
 BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
@@ -154,3 +155,109 @@ def train_step(model, batch, advantages, settings: Grpo, old_logps=None, ref_log
         scaled = model.optimizer.scale_loss(loss)
     model.optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables))
     return loss, metrics
+
+
+class GrpoStep:
+    """The training step `ZooModel.train_step` hands a batch of prompt rows to when `set_grpo` set one: every
+    `num_iterations` steps it samples G completions of each prompt from the policy (`sample`), scores them
+    (`score`), takes their group advantages, the sampling policy's log-probabilities (mu > 1) and the reference's
+    (beta > 0: the adapters off); each step is one update on that batch (`train_step`). It runs eagerly (Python
+    rewards; generation and the update trace their own functions): compile with run_eagerly=True.
+
+    Metrics, as TRL logs them, averaged over the steps since the last reset: reward, reward_std,
+    rewards/<function>/mean and /std, completions/mean_length, min_length, max_length, clipped_ratio (truncated),
+    frac_reward_zero_std, the loss's figures (kl, entropy, clip_ratio/...)."""
+
+    def __init__(self, settings: Grpo, prompts, score, reward_names=(), stop_token_ids=(), pad_id=0, seed=0,
+                 sampler="random", **sampler_args):
+        self.settings = settings.check()
+        self.prompts, self.score, self.stop_token_ids, self.pad_id = list(prompts), score, stop_token_ids, pad_id
+        self.seed, self.sampler, self.sampler_args = seed, sampler, sampler_args
+        names = ["reward", "reward_std", *[f"rewards/{n}/{s}" for n in reward_names for s in ("mean", "std")],
+                 "completions/mean_length", "completions/min_length", "completions/max_length",
+                 "completions/clipped_ratio", "frac_reward_zero_std",
+                 *[n for n in METRIC_NAMES if n != "kl" or settings.beta]]
+        self.metrics = [keras.metrics.Mean(name=n) for n in names]
+        self.reward_names = list(reward_names)
+        self._sampled, self._compiled = None, None
+
+    def train_step(self, model, data):
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        if not isinstance(x, dict) or "rows" not in x:
+            raise ValueError("A GRPO batch is x {'rows': the prompts' indices} (recipes.grpo's batches).")
+        rows = np.asarray(x["rows"]).reshape(-1)
+        step = int(model.optimizer.iterations.numpy())
+        if self._sampled is None or step % self.settings.num_iterations == 0 or self._sampled[0] != rows.tolist():
+            self._sampled = (rows.tolist(), self._sample(model, rows, step))
+        batch, advantages, old, reference, figures = self._sampled[1]
+        loss, metrics = self._functions(model)["update"](batch, tf.constant(advantages), old, reference)
+        values = {**figures, **{k: float(v) for k, v in metrics.items()}}
+        for metric in self.metrics:
+            metric.update_state(values[metric.name])
+        model._loss_tracker.update_state(loss)
+        return model.get_metrics_result()
+
+    def _functions(self, model) -> dict:
+        """The step's traced functions (one trace per prompt length): the policy's and the reference's
+        log-probabilities (traced with the adapters off: `zoo.lora.adapters_off` acts when a graph is traced), and
+        the update. The optimizer is built first: a traced function may not create its variables later."""
+        if self._compiled is None:
+            if not model.optimizer.built:
+                model.optimizer.build(model.trainable_variables)
+            self._compiled = {
+                "policy": tf.function(lambda batch: completion_logps(model, batch, gradients=False)),
+                "reference": tf.function(lambda batch: completion_logps(model, batch, gradients=False,
+                                                                        adapters_off=True)),
+                "update": tf.function(lambda batch, advantages, old, reference: train_step(
+                    model, batch, advantages, self.settings, old, reference))}
+        return self._compiled
+
+    def _sample(self, model, rows, step):
+        """The step's sampled batch: (TRL's batch, advantages, old log-probabilities or None, reference
+        log-probabilities or None, the figures logged)."""
+        s = self.settings
+        seed = int(np.random.SeedSequence([self.seed, step]).generate_state(1)[0] % 2**31)
+        sampled = sample(model, [self.prompts[r] for r in rows], s, self.stop_token_ids, self.pad_id, seed,
+                         self.sampler, **self.sampler_args)
+        per_function, rewards = self.score(np.repeat(rows, s.num_generations), sampled)
+        advantages = group_advantages(rewards, s.num_generations, s.scale_rewards)
+        batch = {k: tf.constant(sampled[k]) for k in BATCH_KEYS}
+        functions = self._functions(model)
+        old = functions["policy"](batch) if s.num_iterations > 1 else None
+        reference = functions["reference"](batch) if s.beta else None
+        lengths = sampled["completion_lengths"].astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            groups = rewards.reshape(-1, s.num_generations)
+            figures = {"reward": np.nanmean(rewards), "reward_std": np.nanstd(rewards, ddof=1),
+                       "completions/mean_length": lengths.mean(), "completions/min_length": lengths.min(),
+                       "completions/max_length": lengths.max(),
+                       "completions/clipped_ratio": sampled["truncated"].mean(),
+                       "frac_reward_zero_std": np.mean(np.isclose(np.nanstd(groups, axis=1, ddof=1), 0.0))}
+            for j, name in enumerate(self.reward_names):
+                figures[f"rewards/{name}/mean"] = np.nanmean(per_function[:, j])
+                figures[f"rewards/{name}/std"] = np.nanstd(per_function[:, j], ddof=1)
+        return batch, advantages, old, reference, {k: float(np.nan_to_num(v)) for k, v in figures.items()}
+
+    def test_step(self, model, data):
+        raise ValueError("GRPO has no validation pass yet: run it without validation (validation_every=0).")
+
+
+def set_grpo(model, step: GrpoStep | None):
+    """Make `fit` train `model`, a zoo causal LM, by GRPO (`GrpoStep`); None turns it off. Compile with
+    run_eagerly=True (the step calls Python reward functions)."""
+    if step is None:
+        model.__dict__.pop("grpo_step", None)
+        model._drop_compiled_functions()
+        return None
+    if not hasattr(model, "lm_logits"):
+        raise ValueError(f"GRPO samples and scores completions with an LM head; {type(model).__name__} has none "
+                         "(build the causal LM: task='causal_lm').")
+    if getattr(model, "fused_update", None) or getattr(model, "packed", False):
+        raise ValueError("GRPO runs neither under the fused update nor on packed rows: call "
+                         "model.set_fused_update(False) and model.set_packed(False).")
+    if step.settings.beta and not lora.has_lora(model):
+        raise ValueError("beta > 0 takes the KL to the reference, the model with its LoRA adapters off, and this "
+                         "model has no LoRA: enable LoRA (zoo.lora.enable_lora), or set beta=0.")
+    model.__dict__["grpo_step"] = step
+    model._drop_compiled_functions()
+    return step

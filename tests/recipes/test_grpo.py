@@ -1,0 +1,72 @@
+"""The GRPO recipe (`zoo train --recipe grpo`): a LoRA run on the SFT tests' tiny Llama with the chat fixtures'
+tokenizer and Qwen2.5-style template samples completions of conversational prompts, rewards them with a built-in
+and a test reward named by import path, logs TRL's metrics, and resumes from its last checkpoint after an
+interruption; G < 2 and a reward path that does not import are refused before anything is written."""
+
+import random
+
+import keras
+import pytest
+
+import recipes
+from tests.recipes.test_sft import checkpoint, write_jsonl  # noqa: F401 (a fixture)
+
+
+def shorter(prompts, completions, **columns):
+    """A reward that varies within a group of a random model's completions: fewer characters, more reward."""
+    return [-len(c[-1]["content"]) / 100 for c in completions]
+
+
+def sums(count=8, seed=0):
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        a, b = rng.randint(10, 49), rng.randint(10, 49)  # two digits each: prompts of one length, traced once
+        rows.append({"prompt": [{"role": "user", "content": f"What is {a} plus {b}?"}], "answer": a + b})
+    return rows
+
+
+def make_recipe(weights, **changes):
+    settings = dict(batch_size=2, sequence_length=96, steps=4, log_every=1, checkpoint_every=2, learning_rate=1e-3,
+                    precision="float32", lora_rank=4, lora_targets="all-linear", num_generations=2,
+                    max_completion_length=6, num_iterations=2, beta=0.04,
+                    rewards="recipes.rewards:numeric_answer,tests.recipes.test_grpo:shorter", reward_weights="1,0.5")
+    return recipes.get("grpo", weights=str(weights)).replace(**{**settings, **changes})
+
+
+class Interrupted(Exception):
+    pass
+
+
+class StopAtStep3(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == 3:
+            raise Interrupted
+
+
+def test_a_lora_run_samples_rewards_logs_trls_metrics_and_resumes(checkpoint, tmp_path):  # noqa: F811
+    data = write_jsonl(tmp_path / "prompts.jsonl", sums())
+    recipe = make_recipe(checkpoint)
+    out = tmp_path / "run"
+    with pytest.raises(Interrupted):
+        recipes.run(recipe, str(data), str(out), verbose=0, callbacks=[StopAtStep3()])
+    resumed = recipes.run(recipe, str(data), str(out), verbose=0)
+    assert (resumed.start_step, resumed.step) == (2, 4)
+    last = resumed.history[-1]
+    for name in ("loss", "reward", "reward_std", "rewards/numeric_answer/mean", "rewards/shorter/mean",
+                 "completions/mean_length", "completions/clipped_ratio", "kl", "entropy", "clip_ratio/region_mean"):
+        assert name in last, name
+    assert last["completions/max_length"] <= 6 and last["rewards/shorter/mean"] < 0
+    assert (out / "adapter").is_dir()  # a LoRA run keeps its adapters
+
+
+def test_bad_settings_are_refused_before_the_run(checkpoint, tmp_path):  # noqa: F811
+    data = write_jsonl(tmp_path / "prompts.jsonl", sums())
+    with pytest.raises(ValueError, match="num_generations must be an integer >= 2"):
+        make_recipe(checkpoint, num_generations=1)
+    with pytest.raises(ValueError, match="module 'no_such_rewards' does not import"):
+        recipe = make_recipe(checkpoint, rewards="no_such_rewards:f", reward_weights=None)
+        recipes.run(recipe, str(data), str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="1 reward weights for 2 reward functions"):
+        make_recipe(checkpoint, reward_weights="1")
