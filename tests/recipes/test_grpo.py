@@ -1,19 +1,30 @@
 """The GRPO recipe (`zoo train --recipe grpo`): a LoRA run on the SFT tests' tiny Llama with the chat fixtures'
 tokenizer and Qwen2.5-style template samples completions of conversational prompts, rewards them with a built-in
-and a test reward named by import path, logs TRL's metrics, and resumes from its last checkpoint after an
-interruption; G < 2 and a reward path that does not import are refused before anything is written."""
+and a test reward named by import path, logs TRL's metrics, stops naming the function, row and error when the test
+reward raises, with its last checkpoint intact, and resumes from it; G < 2 and a reward path that does not import
+are refused before anything is written."""
 
 import random
 
-import keras
 import pytest
 
 import recipes
+from recipes import state
+from recipes.rewards import RewardError
 from tests.recipes.test_sft import checkpoint, write_jsonl  # noqa: F401 (a fixture)
 
+CALLS = {"batches": 0, "fail_at": None, "bad_answer": None}
 
-def shorter(prompts, completions, **columns):
-    """A reward that varies within a group of a random model's completions: fewer characters, more reward."""
+
+def shorter(prompts, completions, answer, **columns):
+    """A reward that varies within a group of a random model's completions: fewer characters, more reward. From
+    its `fail_at`-th batch on, it raises on one row's completions (a reward function with a bug)."""
+    if len(completions) > 1:
+        CALLS["batches"] += 1
+        if CALLS["batches"] == CALLS["fail_at"]:
+            CALLS["bad_answer"] = answer[-1]
+    if CALLS["fail_at"] and CALLS["bad_answer"] in answer:
+        raise KeyError("no such column")
     return [-len(c[-1]["content"]) / 100 for c in completions]
 
 
@@ -34,22 +45,19 @@ def make_recipe(weights, **changes):
     return recipes.get("grpo", weights=str(weights)).replace(**{**settings, **changes})
 
 
-class Interrupted(Exception):
-    pass
-
-
-class StopAtStep3(keras.callbacks.Callback):
-    def on_train_batch_begin(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) == 3:
-            raise Interrupted
-
-
 def test_a_lora_run_samples_rewards_logs_trls_metrics_and_resumes(checkpoint, tmp_path):  # noqa: F811
+    """The reward raises when the second batch is sampled (step 2, mu 2): the run stops naming the function, the
+    dataset row and the error, with the step-2 checkpoint intact; the run started again resumes from it."""
     data = write_jsonl(tmp_path / "prompts.jsonl", sums())
     recipe = make_recipe(checkpoint)
     out = tmp_path / "run"
-    with pytest.raises(Interrupted):
-        recipes.run(recipe, str(data), str(out), verbose=0, callbacks=[StopAtStep3()])
+    CALLS.update(batches=0, fail_at=2, bad_answer=None)
+    try:
+        with pytest.raises(RewardError, match=r"'shorter' raised on row \d+: KeyError: 'no such column'"):
+            recipes.run(recipe, str(data), str(out), verbose=0)
+    finally:
+        CALLS["fail_at"] = None
+    assert [step for step, _ in state.checkpoints(str(out))] == [2]
     resumed = recipes.run(recipe, str(data), str(out), verbose=0)
     assert (resumed.start_step, resumed.step) == (2, 4)
     last = resumed.history[-1]
