@@ -3,7 +3,8 @@ pretrained (usually instruction-tuned) decoder with no second model in memory.
 
 Its data are TRL's prompt-only rows (JSONL): `prompt` as text, or as messages rendered with the checkpoint's chat
 template and its generation prompt; every other column goes to the reward functions (recipes.rewards), one entry
-per completion. A prompt longer than sequence_length - max_completion_length is dropped and counted. Its batches
+per completion. A prompt longer than sequence_length - max_completion_length is dropped and counted (or, with
+truncate_prompts, cut to its last tokens, as TRL's max_prompt_length cuts from the left). Its batches
 are prompt rows; its step (zoo.grpo.GrpoStep) samples G completions of each with the policy, rewards them, and
 trains on them; its metrics are TRL's (reward, rewards/<function>/mean, completions/..., kl, entropy,
 clip_ratio/...).
@@ -46,7 +47,7 @@ class GrpoTuning(kinds.Kind):
         _, rows = read_rows(source.path, FORMATS, "TRL's prompt-only rows: 'prompt' as text or messages")
         limit = recipe.sequence_length - recipe.max_completion_length
         chat = Chat(template, tokenizer) if template is not None else None
-        prompts, kept, too_long = [], [], 0
+        prompts, kept, too_long, truncated = [], [], 0, 0
         for number, row in enumerate(rows, 1):
             prompt = row["prompt"]
             if isinstance(prompt, list):
@@ -59,19 +60,21 @@ class GrpoTuning(kinds.Kind):
             else:
                 raise ValueError(f"{source.path}, row {number}: 'prompt' must be text or a list of messages; got "
                                  f"{type(prompt).__name__}.")
-            if len(ids) > limit:
+            if len(ids) > limit and recipe.truncate_prompts:
+                ids, truncated = ids[-limit:], truncated + 1
+            elif len(ids) > limit:
                 too_long += 1
                 continue
             prompts.append(np.asarray(ids, np.int32))
             kept.append({**row, "_row": number})
-        print(f"GRPO prompts: {len(kept)} of {len(rows)} kept; {too_long} longer than {limit} tokens "
-              f"(sequence_length - max_completion_length) dropped.")
+        print(f"GRPO prompts: {len(kept)} of {len(rows)} kept ({truncated} cut to their last {limit} tokens); "
+              f"{too_long} longer than {limit} tokens (sequence_length - max_completion_length) dropped.")
         if len(kept) < recipe.batch_size:
             raise ValueError(f"{len(kept)} prompt(s) make no batch of {recipe.batch_size}; lower --batch-size, give "
                              "more prompts, or raise --sequence-length.")
         stops = chat.stop_ids if chat is not None else []
         return Examples(train={"prompts": prompts, "rows": kept, "stops": stops, "tokenizer": tokenizer},
-                        data={"prompts": len(kept), "too_long": too_long},
+                        data={"prompts": len(kept), "too_long": too_long, "truncated": truncated},
                         beside_tokenizer=functools.partial(save_chat, tokenizer, template),
                         tokens_per_batch=recipe.batch_size * recipe.num_generations * recipe.max_completion_length)
 

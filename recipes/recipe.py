@@ -349,6 +349,8 @@ class GRPO:
     num_iterations: int = option(1, "--recipe grpo: updates on each sampled batch (mu)")
     mask_truncated_completions: bool = option(False, "--recipe grpo: a completion cut at max_completion_length "
                                               "trains nothing")
+    truncate_prompts: bool = option(False, "--recipe grpo: keep the last tokens of a prompt longer than "
+                                    "sequence_length - max_completion_length, instead of dropping it")
     temperature: float = option(1.0, "--recipe grpo: the sampling temperature")
     top_k: int = option(0, "--recipe grpo: sample among the k likeliest tokens (0: all)")
     top_p: float = option(1.0, "--recipe grpo: sample within top-p (nucleus) probability mass (1.0: all)")

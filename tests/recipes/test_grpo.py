@@ -78,3 +78,18 @@ def test_bad_settings_are_refused_before_the_run(checkpoint, tmp_path):  # noqa:
     assert not (tmp_path / "run").exists()
     with pytest.raises(ValueError, match="1 reward weights for 2 reward functions"):
         make_recipe(checkpoint, reward_weights="1")
+
+
+def test_long_prompts_are_dropped_and_counted_or_cut_from_the_left(checkpoint, tmp_path):  # noqa: F811
+    from recipes.grpo import GrpoTuning
+    from recipes.kinds import Source
+
+    rows = sums(4) + [{"prompt": "word " * 200, "answer": 1}]
+    data = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    kind, source = GrpoTuning(), Source(str(data))
+    dropped = kind.read(make_recipe(checkpoint), source, str(tmp_path / "a"))
+    assert dropped.data == {"prompts": 4, "too_long": 1, "truncated": 0}
+    cut = kind.read(make_recipe(checkpoint, truncate_prompts=True), source, str(tmp_path / "b"))
+    assert cut.data == {"prompts": 5, "too_long": 0, "truncated": 1}
+    long_ids = cut.train["prompts"][-1]
+    assert len(long_ids) == 96 - 6  # sequence_length - max_completion_length: the prompt's last tokens
