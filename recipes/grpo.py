@@ -115,7 +115,7 @@ class GrpoTuning(kinds.Kind):
 
     def logged(self, key) -> bool:
         return super().logged(key) or key.startswith(("reward", "completions/", "kl", "entropy", "clip_ratio/",
-                                                      "frac_reward_zero_std"))
+                                                      "frac_reward_zero_std", "tokens_per_second/"))
 
 
 kinds.register("grpo", GrpoTuning())

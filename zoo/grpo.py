@@ -15,6 +15,7 @@ completion; position P - 1 + t predicts completion token t. The reference is the
 off (`zoo.lora.adapters_off`, TRL's reference for a PEFT model) or log-probabilities stored before training.
 """
 
+import time
 from dataclasses import dataclass
 
 import keras
@@ -166,7 +167,9 @@ class GrpoStep:
 
     Metrics, as TRL logs them, averaged over the steps since the last reset: reward, reward_std,
     rewards/<function>/mean and /std, completions/mean_length, min_length, max_length, clipped_ratio (truncated),
-    frac_reward_zero_std, the loss's figures (kl, entropy, clip_ratio/...)."""
+    frac_reward_zero_std, the loss's figures (kl, entropy, clip_ratio/...), and tokens/s apart: generated tokens per
+    second of sampling (`tokens_per_second/generation`, on the steps that sample) and completion tokens trained
+    per second of update (`tokens_per_second/training`); the first step's include tracing."""
 
     def __init__(self, settings: Grpo, prompts, score, reward_names=(), stop_token_ids=(), pad_id=0, seed=0,
                  sampler="random", **sampler_args):
@@ -178,6 +181,7 @@ class GrpoStep:
                  "completions/clipped_ratio", "frac_reward_zero_std",
                  *[n for n in METRIC_NAMES if n != "kl" or settings.beta]]
         self.metrics = [keras.metrics.Mean(name=n) for n in names]
+        self.metrics += [keras.metrics.Mean(name=f"tokens_per_second/{n}") for n in ("generation", "training")]
         self.reward_names = list(reward_names)
         self._sampled, self._compiled = None, None
 
@@ -187,13 +191,20 @@ class GrpoStep:
             raise ValueError("A GRPO batch is x {'rows': the prompts' indices} (recipes.grpo's batches).")
         rows = np.asarray(x["rows"]).reshape(-1)
         step = int(model.optimizer.iterations.numpy())
+        self._generation_speed = None
         if self._sampled is None or step % self.settings.num_iterations == 0 or self._sampled[0] != rows.tolist():
             self._sampled = (rows.tolist(), self._sample(model, rows, step))
         batch, advantages, old, reference, figures = self._sampled[1]
+        began = time.perf_counter()
         loss, metrics = self._functions(model)["update"](batch, tf.constant(advantages), old, reference)
-        values = {**figures, **{k: float(v) for k, v in metrics.items()}}
+        trained = float(tf.reduce_sum(batch["completion_mask"]))  # reading it waits for the update
+        values = {**figures, **{k: float(v) for k, v in metrics.items()},
+                  "tokens_per_second/training": trained / max(time.perf_counter() - began, 1e-9)}
+        if self._generation_speed is not None:
+            values["tokens_per_second/generation"] = self._generation_speed
         for metric in self.metrics:
-            metric.update_state(values[metric.name])
+            if metric.name in values:  # the generation's speed: on the steps that sample
+                metric.update_state(values[metric.name])
         model._loss_tracker.update_state(loss)
         return model.get_metrics_result()
 
@@ -217,8 +228,10 @@ class GrpoStep:
         log-probabilities or None, the figures logged)."""
         s = self.settings
         seed = int(np.random.SeedSequence([self.seed, step]).generate_state(1)[0] % 2**31)
+        began = time.perf_counter()
         sampled = sample(model, [self.prompts[r] for r in rows], s, self.stop_token_ids, self.pad_id, seed,
                          self.sampler, **self.sampler_args)
+        generation_speed = float(sampled["completion_lengths"].sum()) / max(time.perf_counter() - began, 1e-9)
         per_function, rewards = self.score(np.repeat(rows, s.num_generations), sampled)
         advantages = group_advantages(rewards, s.num_generations, s.scale_rewards)
         batch = {k: tf.constant(sampled[k]) for k in BATCH_KEYS}
@@ -232,11 +245,14 @@ class GrpoStep:
                        "completions/mean_length": lengths.mean(), "completions/min_length": lengths.min(),
                        "completions/max_length": lengths.max(),
                        "completions/clipped_ratio": sampled["truncated"].mean(),
-                       "frac_reward_zero_std": np.mean(np.isclose(np.nanstd(groups, axis=1, ddof=1), 0.0))}
+                       "frac_reward_zero_std": np.mean(np.isclose(np.nanstd(groups, axis=1, ddof=1), 0.0)),
+                       "tokens_per_second/generation": generation_speed}
             for j, name in enumerate(self.reward_names):
                 figures[f"rewards/{name}/mean"] = np.nanmean(per_function[:, j])
                 figures[f"rewards/{name}/std"] = np.nanstd(per_function[:, j], ddof=1)
-        return batch, advantages, old, reference, {k: float(np.nan_to_num(v)) for k, v in figures.items()}
+        figures = {k: float(np.nan_to_num(v)) for k, v in figures.items()}
+        self._generation_speed = figures.pop("tokens_per_second/generation")
+        return batch, advantages, old, reference, figures
 
     def test_step(self, model, data):
         raise ValueError("GRPO has no validation pass yet: run it without validation (validation_every=0).")

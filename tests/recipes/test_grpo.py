@@ -62,7 +62,8 @@ def test_a_lora_run_samples_rewards_logs_trls_metrics_and_resumes(checkpoint, tm
     assert (resumed.start_step, resumed.step) == (2, 4)
     last = resumed.history[-1]
     for name in ("loss", "reward", "reward_std", "rewards/numeric_answer/mean", "rewards/shorter/mean",
-                 "completions/mean_length", "completions/clipped_ratio", "kl", "entropy", "clip_ratio/region_mean"):
+                 "completions/mean_length", "completions/clipped_ratio", "kl", "entropy", "clip_ratio/region_mean",
+                 "tokens_per_second/generation", "tokens_per_second/training"):
         assert name in last, name
     assert last["completions/max_length"] <= 6 and last["rewards/shorter/mean"] < 0
     assert (out / "adapter").is_dir()  # a LoRA run keeps its adapters
