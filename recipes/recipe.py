@@ -365,6 +365,8 @@ class GRPO:
               "drop packing and --fused.")
         check(self.accumulation_steps == 1, "GRPO's step is one update on its sampled batch: accumulation_steps=1.")
         self.grpo_settings.check()
+        check(not self.beta or self.lora_rank, "GRPO's KL term (beta > 0) is to the base with LoRA's adapters off; "
+              "train LoRA (--lora-rank), or set beta 0 (a stored reference is not offered yet).")
         check(self.max_completion_length < self.sequence_length, f"max_completion_length "
               f"{self.max_completion_length} leaves no room for a prompt in sequence_length {self.sequence_length}.")
         check(bool(self.reward_paths), "GRPO needs at least one reward function (--rewards pkg.module:function).")

@@ -79,6 +79,8 @@ def test_bad_settings_are_refused_before_the_run(checkpoint, tmp_path):  # noqa:
     assert not (tmp_path / "run").exists()
     with pytest.raises(ValueError, match="1 reward weights for 2 reward functions"):
         make_recipe(checkpoint, reward_weights="1")
+    with pytest.raises(ValueError, match="train LoRA \\(--lora-rank\\), or set beta 0"):
+        make_recipe(checkpoint, lora_rank=None, lora_targets=None)
 
 
 def test_long_prompts_are_dropped_and_counted_or_cut_from_the_left(checkpoint, tmp_path):  # noqa: F811
