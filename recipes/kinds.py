@@ -44,6 +44,7 @@ class Kind:
     task head's) cross-entropy and log the losses."""
 
     tokenizes = False  # whether its batches are tokenized by the run's saved tokenizer (documents), not at read
+    eager = False  # whether fit runs its step eagerly (GRPO: Python reward functions inside the step)
 
     def check(self, recipe, source: Source):
         """Refuse what cannot run, before anything is read."""

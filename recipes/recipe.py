@@ -3,10 +3,10 @@ precision, optimizer, schedule, batch geometry and checkpointing. Recipes are fr
 like `zoo.ModelSpec`, so a registered name always means the same training run; every
 registered model has one under its own name (the 3B-8B checkpoints' are LoRA fine-tuning of
 the released weights, which `recipes.get(name, weights=...)` fills in), and "classify" /
-"finetune-lm" / "sft" / "dpo" / "simpo" fine-tune any model from weights. Where each default
+"finetune-lm" / "sft" / "dpo" / "simpo" / "grpo" fine-tune any model from weights. Where each default
 comes from: docs/training.md (Where the defaults come from).
 
-A `Recipe` is its sections (`SECTIONS`: Model, Memory, LoRA, Optimizer, Batches, SFT, Chat, Preference, Data,
+A `Recipe` is its sections (`SECTIONS`: Model, Memory, LoRA, Optimizer, Batches, SFT, Chat, Preference, GRPO, Data,
 Logging), each a frozen dataclass that checks its own fields; the fields stay flat (`recipe.beta`, run.json),
 and each says through `option` how `zoo train` offers it (recipes.cli builds the flags from them).
 """
@@ -22,6 +22,8 @@ from zoo import checks, lora
 from zoo.checks import QUANTIZATION_MODES, ROUNDINGS, WEIGHTS_DTYPES
 from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS, check_weights
 from zoo.models.base import has_segments
+from zoo.ops.grpo import LOSS_TYPES as GRPO_LOSS_TYPES
+from zoo.ops.grpo import SCALE_REWARDS
 from zoo.ops.preference import DPO_LOSS_TYPES
 from zoo.registry import Registry
 from zoo.training.fused import CLIPS
@@ -264,7 +266,7 @@ class SFT:
 class Chat:
     """The chat template the conversation rows of SFT and preference tuning are rendered with (recipes.conversation)."""
 
-    recipes = ("sft", "dpo", "simpo")
+    recipes = ("sft", "dpo", "simpo", "grpo")
     # a .jinja file replacing the checkpoint's own template
     chat_template: str | None = option(None, "--recipe sft: a .jinja chat template instead of the checkpoint's own",
                                        metavar="FILE")
@@ -274,7 +276,7 @@ class Chat:
         "row's chat_template_kwargs override them)", metavar="JSON")
 
     def check(self):
-        check(self.supervised or self.preference is not None or (
+        check(self.supervised or self.preference is not None or self.grpo or (
             not self.packing and self.chat_template is None and self.loss_on == "assistant"
             and self.chat_template_kwargs is None),
             "packing, chat_template(_kwargs) and loss_on belong to supervised fine-tuning: use recipe 'sft' "
@@ -288,7 +290,9 @@ class Preference:
 
     recipes = ("dpo", "simpo")
     preference: str | None = option(None, cli=False)  # "dpo" or "simpo": a causal LM on preference pairs
-    beta: float = option(0.1, "--recipe dpo / simpo: DPO's beta (IPO's tau; default 0.1), SimPO's (default 2.0)")
+    beta: float = option(0.1, "--recipe dpo / simpo / grpo: DPO's beta (IPO's tau; default 0.1), SimPO's (default "
+                         "2.0), GRPO's KL coefficient to the reference, LoRA's base (default 0: none)",
+                         recipes=("dpo", "simpo", "grpo"))
     loss_type: str = option("sigmoid", "--recipe dpo: the DPO loss (TRL's names)", choices=DPO_LOSS_TYPES,
                             recipes=("dpo",))
     # DPO sigmoid: conservative DPO's epsilon; robust: the flip rate
@@ -320,6 +324,76 @@ class Preference:
         if self.preference != "dpo":
             return None
         return "adapters" if self.lora_rank and self.reference is None else "stored"
+
+
+@dataclass(frozen=True)
+class GRPO:
+    """GRPO (recipes.grpo): prompt-only JSONL rows, G completions of each sampled by the policy and rewarded by
+    Python functions (recipes.rewards), the loss as TRL's (zoo.grpo, zoo.ops.grpo). `batch_size` counts prompts:
+    a step trains on batch_size x num_generations completions."""
+
+    recipes = ("grpo",)
+    grpo: bool = option(False, cli=False)  # a causal LM trained on sampled, rewarded completions
+    rewards: str = option("recipes.rewards:numeric_answer", "--recipe grpo: the reward functions by import path, "
+                          "pkg.module:function, comma-separated", metavar="PATHS")
+    reward_weights: str | None = option(None, "--recipe grpo: one weight per reward function, comma-separated "
+                                        "(default 1.0 each)", metavar="WEIGHTS")
+    num_generations: int = option(8, "--recipe grpo: completions sampled per prompt (G >= 2)")
+    max_completion_length: int = option(256, "--recipe grpo: tokens a completion may have; prompts get the rest of "
+                                        "sequence_length")
+    grpo_loss_type: str = option("dapo", "--recipe grpo: the loss (TRL's names)", choices=GRPO_LOSS_TYPES)
+    clip_epsilon: float = option(0.2, "--recipe grpo: the PPO clip range of the importance ratio")
+    clip_epsilon_high: float | None = option(None, "--recipe grpo: the upper clip range (default: clip_epsilon)")
+    scale_rewards: str = option("group", "--recipe grpo: divide advantages by the group's std, the batch's, or not",
+                                choices=SCALE_REWARDS)
+    num_iterations: int = option(1, "--recipe grpo: updates on each sampled batch (mu)")
+    mask_truncated_completions: bool = option(False, "--recipe grpo: a completion cut at max_completion_length "
+                                              "trains nothing")
+    truncate_prompts: bool = option(False, "--recipe grpo: keep the last tokens of a prompt longer than "
+                                    "sequence_length - max_completion_length, instead of dropping it")
+    temperature: float = option(1.0, "--recipe grpo: the sampling temperature")
+    top_k: int = option(0, "--recipe grpo: sample among the k likeliest tokens (0: all)")
+    top_p: float = option(1.0, "--recipe grpo: sample within top-p (nucleus) probability mass (1.0: all)")
+
+    def check(self):
+        if not self.grpo:
+            return
+        check(self.task == "causal_lm" and not self.supervised and self.preference is None,
+              "GRPO trains a decoder (task causal_lm) on sampled completions; it is neither supervised nor "
+              "preference tuning.")
+        check(not self.packing and not self.fused, "GRPO runs neither on packed rows nor under the fused update; "
+              "drop packing and --fused.")
+        check(self.accumulation_steps == 1, "GRPO's step is one update on its sampled batch: accumulation_steps=1.")
+        self.grpo_settings.check()
+        check(not self.beta or self.lora_rank, "GRPO's KL term (beta > 0) is to the base with LoRA's adapters off; "
+              "train LoRA (--lora-rank), or set beta 0 (a stored reference is not offered yet).")
+        check(self.max_completion_length < self.sequence_length, f"max_completion_length "
+              f"{self.max_completion_length} leaves no room for a prompt in sequence_length {self.sequence_length}.")
+        check(bool(self.reward_paths), "GRPO needs at least one reward function (--rewards pkg.module:function).")
+        weights = self.weights_of_rewards
+        check(weights is None or len(weights) == len(self.reward_paths), f"{len(weights or ())} reward weights for "
+              f"{len(self.reward_paths)} reward functions: give one each.")
+        check(self.temperature > 0 and self.top_k >= 0 and 0 < self.top_p <= 1, "temperature must be > 0, top_k >= 0 "
+              f"and top_p in (0, 1]; got {self.temperature}, {self.top_k}, {self.top_p}.")
+
+    @property
+    def reward_paths(self) -> list[str]:
+        return [p.strip() for p in (self.rewards or "").split(",") if p.strip()]
+
+    @property
+    def weights_of_rewards(self) -> list[float] | None:
+        if self.reward_weights is None:
+            return None
+        try:
+            return [float(w) for w in str(self.reward_weights).split(",") if w.strip()]
+        except ValueError:
+            raise ValueError(f"reward_weights are numbers, comma-separated; got {self.reward_weights!r}.") from None
+
+    @property
+    def grpo_settings(self) -> zoo.grpo.Grpo:
+        return zoo.grpo.Grpo(self.grpo_loss_type, self.beta, self.clip_epsilon, self.clip_epsilon_high,
+                             self.scale_rewards, self.num_generations, self.max_completion_length,
+                             self.num_iterations, self.mask_truncated_completions)
 
 
 @dataclass(frozen=True)
@@ -355,11 +429,11 @@ class Logging:
             checks.positive(name, getattr(self, name))
 
 
-SECTIONS = (Model, Memory, LoRA, Optimizer, Batches, SFT, Chat, Preference, Data, Logging)
+SECTIONS = (Model, Memory, LoRA, Optimizer, Batches, SFT, Chat, Preference, GRPO, Data, Logging)
 
 
 @dataclass(frozen=True)
-class Recipe(Logging, Data, Preference, Chat, SFT, Batches, Optimizer, LoRA, Memory, Model):
+class Recipe(Logging, Data, GRPO, Preference, Chat, SFT, Batches, Optimizer, LoRA, Memory, Model):
     """One training run's choices, section by section (`SECTIONS`, each checking its own fields); see the module
     docstring for the sources."""
 
@@ -377,15 +451,15 @@ class Recipe(Logging, Data, Preference, Chat, SFT, Batches, Optimizer, LoRA, Mem
     # -------------------------------------------------------------------------
     @property
     def kind(self) -> str:
-        """The recipe whose data and loss train it (recipes.kinds): "dpo", "simpo", "sft" or "documents"."""
-        return self.preference or ("sft" if self.supervised else "documents")
+        """The recipe whose data and loss train it (recipes.kinds): "dpo", "simpo", "grpo", "sft" or "documents"."""
+        return self.preference or ("grpo" if self.grpo else "sft" if self.supervised else "documents")
 
     @property
     def from_weights(self) -> bool:
         """Whether the recipe only trains pretrained weights (LoRA adapters, chat or preference tuning): it
         cannot start from random ones, and is what `zoo train MODEL --weights ...` runs for a model whose own
         recipe it is. A registered one holds no weights; the run must be given them."""
-        return bool(self.lora_rank or self.supervised or self.preference)
+        return bool(self.lora_rank or self.supervised or self.preference or self.grpo)
 
     def replace(self, **changes) -> Recipe:
         known = {f.name for f in dataclasses.fields(self)}
@@ -592,6 +666,14 @@ register("simpo", Recipe(
     decay="linear", batch_size=8, sequence_length=1024, lowercase=False, log_every=50, checkpoint_every=200,
     notes="SimPO (Meng et al. 2024), reference-free: the paper's beta 2.0, gamma 1.0 (gamma/beta 0.5), lr 8e-7 "
           "(its Llama-3-Instruct settings), linear decay, clipping 1.0.",
+))
+register("grpo", Recipe(
+    task="causal_lm", model="dec-base", grpo=True, beta=0.0, learning_rate=1e-6, beta_1=0.9, beta_2=0.999,
+    epsilon=1e-8, weight_decay=0.0, clipnorm=1.0, warmup_steps=0, steps=1000, decay="linear", batch_size=2,
+    sequence_length=768, lowercase=False, log_every=10, checkpoint_every=100,
+    notes="GRPO (Shao et al. 2024) with TRL GRPOConfig's defaults: loss dapo, beta 0, clip 0.2, 8 generations, "
+          "max_completion_length 256, temperature 1, lr 1e-6, linear decay, no warmup, no weight decay, clipping "
+          "1.0; batch_size counts prompts.",
 ))
 register("classify", Recipe(
     task="classifier", model="enc-base", learning_rate=2e-5, beta_1=0.9, beta_2=0.999, epsilon=1e-6,

@@ -171,11 +171,13 @@ def build(recipe, num_classes=None):
         model.set_fused_update(True, recipe.fused_clip)
     if recipe.packing:
         model.set_packed(True)  # the padding mask numbers the examples of a row (recipes.sft_data)
-    kinds.of(recipe).loss(model, recipe)  # preference tuning's step and reference (recipes.dpo)
+    kind = kinds.of(recipe)
+    kind.loss(model, recipe)  # preference tuning's step and reference (recipes.dpo)
     model.compile(
         optimizer=optim.optimizer(recipe, model),
         loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
         jit_compile=False,  # XLA was slower and larger on CPU (docs/design-notes.md)
+        run_eagerly=kind.eager,
     )
     return model
 

@@ -1,8 +1,8 @@
 """`recipes.run`: one entry for every recipe, on one skeleton (recipes.runner). The recipes' kinds register
-themselves when imported here (recipes.documents, recipes.sft, recipes.dpo; recipes.kinds), and the skeleton
-finds each run's kind through that registry: none of them imports another, nor the skeleton them."""
+themselves when imported here (recipes.documents, recipes.sft, recipes.dpo, recipes.grpo; recipes.kinds), and the
+skeleton finds each run's kind through that registry: none of them imports another, nor the skeleton them."""
 
-from recipes import documents, dpo, runner, sft  # noqa: F401  (each registers its kind)
+from recipes import documents, dpo, grpo, runner, sft  # noqa: F401  (each registers its kind)
 from recipes.runner import Result
 
 

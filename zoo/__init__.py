@@ -20,7 +20,7 @@ if verbosity.problem():
 # Importing the models registers their classes, so keras.models.load_model works after `import zoo`. TensorFlow's
 # terminal lines as it loads (here, and again as keras-hub loads tensorflow-text) are silenced: zoo.verbosity.
 with verbosity.quiet_import():
-    from zoo import export, generation, hub, loading, lora, memory, models, optimizers, preference, quantization
+    from zoo import export, generation, grpo, hub, loading, lora, memory, models, optimizers, preference, quantization
 verbosity.set_python_loggers()
 from zoo.loading import load
 from zoo.ops.recompute import POLICIES
@@ -67,6 +67,6 @@ def get(name, checkpointing=None, dtype=None, task=None, weights=None, quantize=
 
 
 __all__ = [
-    "POLICIES", "PRECISIONS", "ModelSpec", "export", "generation", "get", "hub", "load", "loading", "lora", "memory",
-    "models", "names", "optimizers", "preference", "quantization", "register", "spec",
+    "POLICIES", "PRECISIONS", "ModelSpec", "export", "generation", "get", "grpo", "hub", "load", "loading", "lora",
+    "memory", "models", "names", "optimizers", "preference", "quantization", "register", "spec",
 ]

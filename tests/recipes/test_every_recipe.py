@@ -66,7 +66,8 @@ def shrunk(name, checkpoint):
     if recipe.lora_rank:
         return recipes.get(name, weights=checkpoint(recipe.model), model=None, **SHRUNK)
     shape = ONE_BLOCK_DEC if recipe.spec.is_decoder else ONE_BLOCK
-    return recipe.replace(model_overrides=shape, **SHRUNK)
+    grpo = dict(max_completion_length=LENGTH - PROMPT, num_generations=2) if recipe.grpo else {}
+    return recipe.replace(model_overrides=shape, **SHRUNK, **grpo)
 
 
 def encoded(tokenizer, texts):
@@ -77,7 +78,17 @@ def encoded(tokenizer, texts):
 
 
 def one_batch(recipe, model, tokenizer, texts, reuters):
-    """(x, y[, sample weights]) of one batch, as the recipe's own data path makes it."""
+    """(x, y[, sample weights]) of one batch, as the recipe's own data path makes it (GRPO: prompt rows, its step
+    set on the model as recipes.grpo does, with a reward that tells completions apart)."""
+    if recipe.grpo:
+        prompts = [np.asarray(tokenizer(t))[:PROMPT].astype("int32") for t in texts[:ROWS]]
+
+        def score(rows, sampled):
+            lengths = sampled["completion_ids"].sum(axis=1).astype("float32")  # any figure that varies
+            return lengths[:, None], lengths
+
+        zoo.grpo.set_grpo(model, zoo.grpo.GrpoStep(recipe.grpo_settings, prompts, score, ["ids"]))
+        return {"rows": np.arange(ROWS, dtype="int32")}, None
     if recipe.preference:
         examples = encoded(tokenizer, texts)
         # the rejected answer: another article's continuation of the same prompt
@@ -107,11 +118,13 @@ def batches(tokenizers, texts, recipes_reuters):
     made = {}
 
     def batch(recipe, model):
-        kind = (recipe.task, vocab.family_of(recipe.spec), recipe.supervised, recipe.preference)
-        if recipe.preference_reference == "stored" or kind not in made:
+        kind = (recipe.task, vocab.family_of(recipe.spec), recipe.supervised, recipe.preference, recipe.grpo)
+        if recipe.preference_reference == "stored" or recipe.grpo or kind not in made:
             tokenizer = tokenizers[vocab.family_of(recipe.spec)]
             made[kind] = one_batch(recipe.replace(model="enc-base") if recipe.task == "masked_lm" else recipe,
                                    model, tokenizer, texts, recipes_reuters)
+        if recipe.grpo:
+            return made[kind]
         x, *rest = tf.nest.map_structure(tf.convert_to_tensor, made[kind])
         if not recipe.segments:
             x = {k: v for k, v in x.items() if k != "segment_ids"}

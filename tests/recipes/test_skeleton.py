@@ -79,5 +79,5 @@ def test_a_flag_of_another_recipes_section_is_refused_by_name(capsys):
     from zoo.cli import main
 
     assert main(["train", "dec-base", "--data", "x.txt", "--beta", "0.2", "--show"]) == 2
-    assert "--beta belongs to the dpo / simpo recipes" in capsys.readouterr().err
+    assert "--beta belongs to the dpo / simpo / grpo recipes" in capsys.readouterr().err
     assert main(["train", "dec-base", "--data", "x.txt", "--batch-size", "4", "--show"]) == 0  # everyone's

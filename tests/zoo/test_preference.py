@@ -17,7 +17,7 @@ import tensorflow as tf
 import zoo
 from tests.common import REPO, TINY_DEC, allocator_peak
 from zoo import hub
-from zoo.ops.preference import METRIC_NAMES, dpo_loss, preference_metrics, sequence_logps, simpo_loss
+from zoo.ops.preference import METRIC_NAMES, dpo_loss, preference_metrics, sequence_logps, simpo_loss, token_logps
 
 FIXTURES = REPO / "tests" / "fixtures" / "dpo"
 VOCAB = 97
@@ -92,6 +92,27 @@ def test_sequence_logps_equals_whole_logits(head, seq, chunk):
         np.testing.assert_allclose(logps, ref_logps, rtol=1e-6)
         for r, g in zip(ref_grads, grads):
             assert relative(r, g) < 1e-6
+
+
+@pytest.mark.parametrize("head", ["tied", "untied", "frozen"])
+def test_token_logps_and_entropies_equal_whole_logits(head):
+    """GRPO's per-token log-probabilities: a different d loss / d logp at every position reaches the hidden states
+    and the head as through the whole logits; the entropies are the whole distributions'."""
+    model = shared_decoder(tied=head != "untied", frozen=head == "frozen")
+    h, y, _, _ = data(13)
+    coefficients = tf.constant(np.random.default_rng(5).standard_normal((BATCH, 13)).astype("float32"))
+    log_probs = lambda x: tf.nn.log_softmax(model.lm_logits(x))  # noqa: E731
+    whole_tokens = lambda x: tf.gather(log_probs(x), y, batch_dims=2)  # noqa: E731
+    ref_logps, ref_grads = value_and_grads(model, whole_tokens, h, coefficients, compile_=False)
+    for compile_ in (False, True):
+        logps, grads = value_and_grads(model, lambda x: token_logps(x, model.lm_logits, y, 5), h, coefficients,
+                                       compile_)
+        np.testing.assert_allclose(logps, ref_logps, rtol=1e-6, atol=1e-6)
+        for r, g in zip(ref_grads, grads):
+            assert relative(r, g) < 1e-6
+    _, entropies = token_logps(h, model.lm_logits, y, 5, gradients=False, entropy=True)
+    expected = -tf.reduce_sum(tf.exp(log_probs(h)) * log_probs(h), axis=-1)
+    np.testing.assert_allclose(entropies.numpy(), expected.numpy(), rtol=1e-5)
 
 
 def test_sequence_logps_without_gradients():

@@ -189,18 +189,21 @@ class ZooModel(keras.Model):
         return self.fused_update
 
     preference_step = None  # zoo.preference.set_preference's step: preference pairs instead of the model's loss
+    grpo_step = None  # zoo.grpo.set_grpo's step: completions sampled and rewarded, instead of the model's loss
 
     @property
     def metrics(self):
-        extra = self.preference_step.metrics if self.preference_step is not None else []
+        extra = [m for s in (self.preference_step, self.grpo_step) if s is not None for m in s.metrics]
         return super().metrics + extra
 
     def train_step(self, data):
-        """Which training step runs is decided here, and only here: preference pairs' when
-        `zoo.preference.set_preference` set one; the fused update when `set_fused_update` turned it
-        on; a loss made from the backbone's outputs when the model has one (`loss_from_backbone`:
-        the causal LM's chunked loss); otherwise Keras' own step."""
+        """Which training step runs is decided here, and only here: GRPO's when `zoo.grpo.set_grpo` set
+        one; preference pairs' when `zoo.preference.set_preference` set one; the fused update when
+        `set_fused_update` turned it on; a loss made from the backbone's outputs when the model has one
+        (`loss_from_backbone`: the causal LM's chunked loss); otherwise Keras' own step."""
         step.check_weights(self)
+        if self.grpo_step is not None:
+            return self.grpo_step.train_step(self, data)
         if self.preference_step is not None:
             return self.preference_step.train_step(self, data)
         if self.fused_update:

@@ -1,15 +1,16 @@
 """Preference-tuning ops: per-sequence log-probabilities a chunk of positions at a time, and the DPO,
 IPO, robust-DPO and SimPO losses as TRL defines them.
 
-`sequence_logps(hidden, head, labels, weights)` is the sum of log p(label) over the positions whose weight
-is 1 (a completion's tokens), per row, without the float32 [B, S, vocab] logits ever existing whole: one
-chunk's [B, c, vocab] at a time, as zoo.ops.lm_loss.chunked_lm_loss walks them. Unlike a mean loss its
-output is per row ([B]), and the gradient that reaches it (from a DPO loss) is known only in the backward:
+`token_logps(hidden, head, labels)` is log p(label) at every position ([B, S]: GRPO's per-token figures), and
+`sequence_logps(hidden, head, labels, weights)` its sum over the positions whose weight is 1 (a completion's
+tokens), per row, without the float32 [B, S, vocab] logits ever existing whole: one chunk's [B, c, vocab] at
+a time, as zoo.ops.lm_loss.chunked_lm_loss walks them. Unlike a mean loss the output is per position, and the
+gradient that reaches it (from a DPO or GRPO loss) is known only in the backward:
   - a head with no trainable variables (LoRA, the DPO case PEFT trains; a frozen tied embedding): each
-    chunk's per-row d hidden is made in the forward pass, and the backward only scales it by the incoming
-    [B] gradient (a row's hidden states reach only that row's log-probability);
-  - a trainable head: its gradient is a sum over rows weighted by that incoming gradient, which the forward
-    cannot know, and per-row copies of the head's gradient would cost B head-sized tensors. The forward keeps
+    chunk's d hidden is made in the forward pass, and the backward only scales it by the incoming
+    [B, S] gradient (a position's hidden state reaches only that position's log-probability);
+  - a trainable head: its gradient is a sum over positions weighted by that incoming gradient, which the forward
+    cannot know, and per-position copies of the head's gradient would cost B x S head-sized tensors. The forward keeps
     nothing; the backward makes each chunk's logits again (one chunk at a time) and their gradients w.r.t. the
     hidden slice and the head's variables, weighted by the incoming gradient (TRL's chunked log-prob kernel
     recomputes in its backward the same way): one extra head projection.
@@ -33,11 +34,94 @@ METRIC_NAMES = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rew
                 "logps/rejected")
 
 
-def _chunk_logps(head, h_i, labels_i, weights_i):
-    """[B] float32: sum over a chunk's positions of weight * log p(label)."""
+def _chunk_logps(head, h_i, labels_i, entropy=False):
+    """(log p(label) [B, c] float32, the entropy of each position's distribution [B, c] or None)."""
     logits = tf.cast(head(h_i), tf.float32)
-    per = -tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels_i, logits=logits)
-    return tf.reduce_sum(per * weights_i, axis=1)
+    logps = -tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels_i, logits=logits)
+    if not entropy:
+        return logps, None
+    log_probs = tf.nn.log_softmax(tf.stop_gradient(logits))
+    return logps, -tf.reduce_sum(tf.exp(log_probs) * log_probs, axis=-1)
+
+
+def token_logps(hidden, head, labels, chunk_size=None, gradients=True, entropy=False):
+    """log p(labels) under `head(hidden)` at every position, a chunk of positions at a time (GRPO's per-token
+    log-probabilities; `sequence_logps` sums them).
+
+    Args:
+        hidden: [B, S, H] normed hidden states (any float dtype), S static; position t predicts `labels[:, t]`.
+        head: a callable [B, c, H] -> logits [B, c, vocab] (cast to float32 here); its trainable variables
+            get gradients.
+        labels: int [B, S] target ids (in the vocabulary everywhere: mask what is not scored afterwards).
+        chunk_size: positions per chunk; None: `zoo.ops.lm_loss.loss_chunk`'s choice.
+        gradients: False (a reference's or the sampling policy's log-probabilities) keeps nothing.
+        entropy: also return each position's entropy (TRL's logged `entropy`), with no gradient.
+
+    Returns:
+        float32 [B, S], differentiable w.r.t. `hidden` and the head's variables; with `entropy`, a pair.
+    """
+    hidden, labels, head_variables, c = chunked_inputs(hidden, head, labels, chunk_size)
+    starts = range(0, hidden.shape[1], c)
+
+    def forward(h, tape_chunks):
+        """Per-token log-probabilities (and entropies); with `tape_chunks`, each chunk's d(its log-probabilities,
+        summed) / d h_i: position t's slice is d logp[b, t] / d h[b, t], since positions are independent."""
+        parts, entropies, d_chunks, previous = [], [], [], ()
+        for start in starts:
+            h_i = after(h[:, start:start + c], *previous)
+            labels_i = labels[:, start:start + c]
+            if not tape_chunks:
+                with tf.control_dependencies([h_i]):  # the head's weight reads wait for the chunk
+                    logps, chunk_entropy = _chunk_logps(head, h_i, labels_i, entropy)
+                previous = (logps,)
+            else:
+                with tf.GradientTape(watch_accessed_variables=False) as tape, tf.control_dependencies([h_i]):
+                    tape.watch(h_i)
+                    logps, chunk_entropy = _chunk_logps(head, h_i, labels_i, entropy)
+                d_h = tape.gradient(logps, h_i)
+                d_chunks.append(d_h)
+                previous = (d_h, logps)
+            parts.append(logps)
+            entropies.append(chunk_entropy)
+        return tf.concat(parts, axis=1), tf.concat(entropies, axis=1) if entropy else None, d_chunks
+
+    if not gradients:
+        logps, entropies, _ = forward(hidden, False)
+        logps = tf.stop_gradient(logps)
+        return (logps, tf.stop_gradient(entropies)) if entropy else logps
+
+    @tf.custom_gradient
+    def logps_fn(h):
+        logps, entropies, d_chunks = forward(h, not head_variables)
+        if entropy:  # a second output, with no gradient of its own
+            logps = (logps, entropies)
+
+        def grad(*upstream, variables=None):  # `variables`: every variable the forward read (tf.custom_gradient)
+            d_tokens = tf.cast(upstream[0], tf.float32)
+            if not head_variables:  # the forward made d hidden: scale each position
+                d_hidden = tf.concat(d_chunks, axis=1)
+                d_h = tf.cast(d_tokens[:, :, None] * tf.cast(d_hidden, tf.float32), d_hidden.dtype)
+                return d_h, [None for _ in variables or []]
+            d_parts, d_vars, previous = [], None, (d_tokens,)
+            for start in starts:  # the chunks again, one at a time, weighted by d_tokens
+                h_i = after(h[:, start:start + c], *previous)
+                with tf.GradientTape(watch_accessed_variables=False) as tape, tf.control_dependencies([h_i]):
+                    tape.watch(h_i)
+                    tape.watch(head_variables)
+                    chunk, _ = _chunk_logps(head, h_i, labels[:, start:start + c])
+                    weighted = tf.reduce_sum(chunk * d_tokens[:, start:start + c])
+                d_h, *grads = tape.gradient(weighted, [h_i, *head_variables], unconnected_gradients="zero")
+                grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
+                d_vars = grads if d_vars is None else [acc + g for acc, g in zip(d_vars, grads)]
+                d_parts.append(d_h)
+                previous = (d_h, *d_vars)
+            mine = {v.ref(): g for v, g in zip(head_variables, d_vars)}
+            return tf.concat(d_parts, axis=1), [tf.cast(mine[v.ref()], v.dtype) if v.ref() in mine else None
+                                                for v in variables or []]
+
+        return logps, grad
+
+    return logps_fn(hidden)
 
 
 def sequence_logps(hidden, head, labels, weights, chunk_size=None, gradients=True):
@@ -48,7 +132,7 @@ def sequence_logps(hidden, head, labels, weights, chunk_size=None, gradients=Tru
             (shift before: hidden[:, :-1] against token_ids[:, 1:]).
         head: a callable [B, c, H] -> logits [B, c, vocab] (cast to float32 here), e.g.
             `DecoderCausalLM.lm_logits`; its trainable variables get gradients.
-        labels: int [B, S] target ids (any value where the weight is 0).
+        labels: int [B, S] target ids (any id of the vocabulary where the weight is 0).
         weights: [B, S] 0/1 (the completion's positions); other values weigh the log-probabilities.
         chunk_size: positions per chunk; None: `zoo.ops.lm_loss.loss_chunk`'s choice.
         gradients: False (a reference model's log-probabilities) makes no gradient and keeps nothing.
@@ -60,64 +144,9 @@ def sequence_logps(hidden, head, labels, weights, chunk_size=None, gradients=Tru
     >>> hidden = model.backbone(x)["sequence_output"]
     >>> logps = sequence_logps(hidden[:, :-1], model.lm_logits, x["token_ids"][:, 1:], completion_mask[:, 1:])
     """
-    hidden, labels, head_variables, c = chunked_inputs(hidden, head, labels, chunk_size)
-    seq = hidden.shape[1]
-    weights = tf.broadcast_to(tf.cast(weights, tf.float32), tf.shape(labels))
-    starts = range(0, seq, c)
-
-    def forward(h, tape_chunks):
-        """The per-row sums; with `tape_chunks`, each chunk's d(its sums, summed over rows) / d h_i too."""
-        total, d_chunks, previous = tf.zeros(tf.shape(labels)[:1]), [], ()
-        for start in starts:
-            h_i = after(h[:, start:start + c], *previous)
-            labels_i, weights_i = labels[:, start:start + c], weights[:, start:start + c]
-            if not tape_chunks:
-                with tf.control_dependencies([h_i]):  # the head's weight reads wait for the chunk
-                    total += _chunk_logps(head, h_i, labels_i, weights_i)
-                previous = (total,)
-                continue
-            with tf.GradientTape(watch_accessed_variables=False) as tape, tf.control_dependencies([h_i]):
-                tape.watch(h_i)
-                chunk = _chunk_logps(head, h_i, labels_i, weights_i)
-            d_h = tape.gradient(chunk, h_i)  # rows are independent: row b's slice is d chunk[b] / d h_i[b]
-            total += chunk
-            d_chunks.append(d_h)
-            previous = (d_h, total)
-        return total, d_chunks
-
-    if not gradients:
-        return tf.stop_gradient(forward(hidden, False)[0])
-
-    @tf.custom_gradient
-    def logps_fn(h):
-        total, d_chunks = forward(h, not head_variables)
-
-        def grad(d_rows, variables=None):  # `variables`: every variable the forward read (tf.custom_gradient)
-            d_rows = tf.cast(d_rows, tf.float32)
-            if not head_variables:  # the forward made d hidden: scale each row
-                d_hidden = tf.concat(d_chunks, axis=1)
-                d_h = tf.cast(d_rows[:, None, None] * tf.cast(d_hidden, tf.float32), d_hidden.dtype)
-                return d_h, [None for _ in variables or []]
-            d_parts, d_vars, previous = [], None, (d_rows,)
-            for start in starts:  # the chunks again, one at a time, weighted by d_rows
-                h_i = after(h[:, start:start + c], *previous)
-                with tf.GradientTape(watch_accessed_variables=False) as tape, tf.control_dependencies([h_i]):
-                    tape.watch(h_i)
-                    tape.watch(head_variables)
-                    chunk = _chunk_logps(head, h_i, labels[:, start:start + c], weights[:, start:start + c])
-                    weighted = tf.reduce_sum(chunk * d_rows)
-                d_h, *grads = tape.gradient(weighted, [h_i, *head_variables], unconnected_gradients="zero")
-                grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
-                d_vars = grads if d_vars is None else [acc + g for acc, g in zip(d_vars, grads)]
-                d_parts.append(d_h)
-                previous = (d_h, *d_vars)
-            mine = {v.ref(): g for v, g in zip(head_variables, d_vars)}
-            return tf.concat(d_parts, axis=1), [tf.cast(mine[v.ref()], v.dtype) if v.ref() in mine else None
-                                                for v in variables or []]
-
-        return total, grad
-
-    return logps_fn(hidden)
+    logps = token_logps(hidden, head, labels, chunk_size, gradients)
+    weights = tf.broadcast_to(tf.cast(weights, tf.float32), tf.shape(logps))
+    return tf.reduce_sum(logps * weights, axis=1)
 
 
 def check_beta(beta, name="beta"):
