@@ -130,7 +130,7 @@ def test_a_flag_of_another_recipe_is_refused_by_name(checkpoint, tmp_path, capsy
     rows = [{"messages": [question(i), {"role": "assistant", "content": f"{2 * i}."}]} for i in range(8)]
     code, out = train(checkpoint, tmp_path, "sft", rows, "--beta", "0.5", "--loss-type", "ipo")
     err = capsys.readouterr().err.strip()
-    assert code == 2 and err.startswith("zoo train: error: --beta belongs to the dpo / simpo recipes") and \
+    assert code == 2 and err.startswith("zoo train: error: --beta belongs to the dpo / simpo / grpo recipes") and \
         "--recipe dpo" in err, err
     assert not out.exists()
     import recipes  # the Python API refuses what differs from the default (it cannot tell a default given by hand)
