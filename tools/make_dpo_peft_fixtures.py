@@ -121,6 +121,26 @@ def lora_name(name):
     return name.replace(".default.", ".")
 
 
+def save_random_b_adapter(model, folder, seed, scale=B_SCALE) -> dict:
+    """The PEFT model's adapters with B drawn N(0, scale^2) (A as PEFT draws it: B = 0 would make the first step's
+    gradients of A zero), saved to `folder` with the base model's path relative to the repository. Returns the
+    trainable parameters by name."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    lora = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    with torch.no_grad():
+        for name, p in lora.items():
+            if ".lora_B." in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * scale)
+    model.save_pretrained(folder, safe_serialization=True)
+    (folder / "README.md").unlink(missing_ok=True)
+    config = folder / "adapter_config.json"
+    settings = {**json.loads(config.read_text()), "base_model_name_or_path": "tests/fixtures/dpo/model"}
+    config.write_text(json.dumps(settings, indent=2) + "\n")
+    return lora
+
+
 def peft_case(tok, work):
     import peft
     import torch
@@ -133,18 +153,8 @@ def peft_case(tok, work):
     trainer = trainer_for(base, tok, work, peft.LoraConfig(task_type="CAUSAL_LM", **LORA))
     model = trainer.model
     assert isinstance(model, peft.PeftModel) and "ref" not in model.peft_config  # the reference: adapters off
-    generator = torch.Generator().manual_seed(SEED)
-    lora = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    lora = save_random_b_adapter(model, ROOT / "adapter", SEED)
     assert lora and all(".lora_A." in n or ".lora_B." in n for n in lora), sorted(lora)[:4]
-    with torch.no_grad():
-        for name, p in lora.items():
-            if ".lora_B." in name:
-                p.copy_(torch.randn(p.shape, generator=generator) * B_SCALE)
-    model.save_pretrained(ROOT / "adapter", safe_serialization=True)
-    (ROOT / "adapter" / "README.md").unlink(missing_ok=True)
-    config = ROOT / "adapter" / "adapter_config.json"  # the base model's path relative to the repository
-    settings = {**json.loads(config.read_text()), "base_model_name_or_path": "tests/fixtures/dpo/model"}
-    config.write_text(json.dumps(settings, indent=2) + "\n")
     (ROOT / "adapter" / "adapter_model.safetensors").chmod(0o644)
     saved = load_file(ROOT / "adapter" / "adapter_model.safetensors")
     assert sorted(saved) == sorted(lora_name(n) for n in lora), (sorted(saved)[:3], sorted(lora)[:3])

@@ -101,16 +101,9 @@ def run_case(case, tok, work):
     lora = {n: p for n, p in model.named_parameters() if p.requires_grad}
     saved = ROOT / "adapter" / "adapter_model.safetensors"
     if not saved.exists():
-        generator = torch.Generator().manual_seed(SEED)
-        with torch.no_grad():
-            for n, p in lora.items():
-                if ".lora_B." in n:
-                    p.copy_(torch.randn(p.shape, generator=generator) * B_SCALE)
-        model.save_pretrained(ROOT / "adapter", safe_serialization=True)
-        (ROOT / "adapter" / "README.md").unlink(missing_ok=True)
-        config = ROOT / "adapter" / "adapter_config.json"
-        settings = {**json.loads(config.read_text()), "base_model_name_or_path": "tests/fixtures/dpo/model"}
-        config.write_text(json.dumps(settings, indent=2) + "\n")
+        from make_dpo_peft_fixtures import save_random_b_adapter
+
+        save_random_b_adapter(model, ROOT / "adapter", SEED, B_SCALE)
     weights = load_file(saved)
     with torch.no_grad():
         for n, p in lora.items():

@@ -26,6 +26,7 @@ from zoo import lora
 from zoo.generation import _generate_ids
 from zoo.ops.grpo import METRIC_NAMES, check_grpo, group_advantages, grpo_loss
 from zoo.ops.preference import token_logps
+from zoo.training.step import attach_step, needs_lm_head
 
 BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
 
@@ -262,18 +263,12 @@ def set_grpo(model, step: GrpoStep | None):
     """Make `fit` train `model`, a zoo causal LM, by GRPO (`GrpoStep`); None turns it off. Compile with
     run_eagerly=True (the step calls Python reward functions)."""
     if step is None:
-        model.__dict__.pop("grpo_step", None)
-        model._drop_compiled_functions()
-        return None
-    if not hasattr(model, "lm_logits"):
-        raise ValueError(f"GRPO samples and scores completions with an LM head; {type(model).__name__} has none "
-                         "(build the causal LM: task='causal_lm').")
+        return attach_step(model, "grpo_step", None)
+    needs_lm_head(model, "GRPO samples and scores completions")
     if getattr(model, "fused_update", None) or getattr(model, "packed", False):
         raise ValueError("GRPO runs neither under the fused update nor on packed rows: call "
                          "model.set_fused_update(False) and model.set_packed(False).")
     if step.settings.beta and not lora.has_lora(model):
         raise ValueError("beta > 0 takes the KL to the reference, the model with its LoRA adapters off, and this "
                          "model has no LoRA: enable LoRA (zoo.lora.enable_lora), or set beta=0.")
-    model.__dict__["grpo_step"] = step
-    model._drop_compiled_functions()
-    return step
+    return attach_step(model, "grpo_step", step)

@@ -41,7 +41,7 @@ from zoo.ops.preference import (
     sequence_logps,
     simpo_loss,
 )
-from zoo.training.step import track_loss
+from zoo.training.step import attach_step, needs_lm_head, track_loss
 
 LOSSES = ("dpo", "simpo")
 REFERENCES = ("adapters", "stored")
@@ -222,12 +222,8 @@ def set_preference(model, loss="dpo", beta=0.1, loss_type="sigmoid", label_smoot
             model without LoRA (the fix: LoRA, or stored reference log-probabilities).
     """
     if loss is None:
-        model.__dict__.pop("preference_step", None)
-        model._drop_compiled_functions()
-        return None
-    if not hasattr(model, "lm_logits"):
-        raise ValueError(f"Preference tuning scores completions with an LM head; {type(model).__name__} has none "
-                         "(build the causal LM: task='causal_lm').")
+        return attach_step(model, "preference_step", None)
+    needs_lm_head(model, "Preference tuning scores completions")
     if getattr(model, "fused_update", None):
         raise ValueError("Preference tuning does not run under the fused update (it fuses the LM loss's backward); "
                          "call model.set_fused_update(False).")
@@ -241,6 +237,5 @@ def set_preference(model, loss="dpo", beta=0.1, loss_type="sigmoid", label_smoot
         raise ValueError("reference='adapters' is the model with its LoRA adapters off, and this model has no LoRA. "
                          "Enable LoRA (zoo.lora.enable_lora), or use reference='stored' with log-probabilities "
                          "computed before training (zoo.preference.reference_logps).")
-    model.__dict__["preference_step"] = PreferenceStep(preference)
-    model._drop_compiled_functions()
+    attach_step(model, "preference_step", PreferenceStep(preference))
     return preference

@@ -77,3 +77,21 @@ def backbone_test_step(model, data):
     loss, y_pred = model.training_loss(outputs, x, y, sample_weight, training=False)
     track_loss(model, x, loss)
     return metrics(model, x, y, y_pred, sample_weight)
+
+
+def needs_lm_head(model, purpose):
+    """Refuse a model without a causal LM head for a step that scores tokens (`purpose` says which)."""
+    if not hasattr(model, "lm_logits"):
+        raise ValueError(f"{purpose} with an LM head; {type(model).__name__} has none (build the causal LM: "
+                         "task='causal_lm').")
+
+
+def attach_step(model, name, step):
+    """`step` as `model.<name>`, the step `ZooModel.train_step` dispatches to (None: detached); compiled functions
+    retrace either way. Returns `step`."""
+    if step is None:
+        model.__dict__.pop(name, None)
+    else:
+        model.__dict__[name] = step
+    model._drop_compiled_functions()
+    return step
