@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from zoo import lora
-from zoo.generation import _generate_ids
+from zoo.generation import generate_ids
 from zoo.ops.grpo import METRIC_NAMES, check_grpo, group_advantages, grpo_loss
 from zoo.ops.preference import token_logps
 from zoo.training.step import attach_step, needs_lm_head
@@ -116,7 +116,7 @@ def sample(model, prompts, settings: Grpo, stop_token_ids=(), pad_id=0, seed=Non
     """
     g, limit = settings.num_generations, settings.max_completion_length
     rows = [np.asarray(p, np.int32).reshape(-1) for p in prompts for _ in range(g)]
-    out, ends = _generate_ids(model, rows, limit, sampler, seed, True, list(stop_token_ids), True, False,
+    out, ends = generate_ids(model, rows, limit, sampler, seed, True, list(stop_token_ids), True, False,
                               sampler_args)
     longest = max(len(r) for r in rows)
     batch = {"prompt_ids": np.full((len(rows), longest), pad_id, np.int32),

@@ -140,7 +140,7 @@ def generate(model, prompt=None, max_new_tokens=32, sampler="greedy", seed=None,
     _check_decoder(model)
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     rows, text = _encode(prompt, tokenizer)
-    out, ends = _generate_ids(model, rows, max_new_tokens, sampler, seed, use_cache, stop_token_ids, compile,
+    out, ends = generate_ids(model, rows, max_new_tokens, sampler, seed, use_cache, stop_token_ids, compile,
                               jit_compile, sampler_args)
     if not text:
         return out
@@ -148,9 +148,10 @@ def generate(model, prompt=None, max_new_tokens=32, sampler="greedy", seed=None,
     return texts[0] if isinstance(prompt, str) else texts
 
 
-def _generate_ids(model, rows, max_new_tokens, sampler, seed, use_cache, stop_token_ids, compile, jit_compile,
-                  sampler_args):
-    """(tokens [B, T], ends [B]) of `generate` for prompts as int32 rows."""
+def generate_ids(model, rows, max_new_tokens, sampler, seed, use_cache, stop_token_ids, compile, jit_compile,
+                 sampler_args):
+    """(tokens [B, T], ends [B]) of `generate` for prompts as int32 rows (lists of ids): what `generate` and
+    zoo.grpo's sampling share, with every option explicit."""
     if jit_compile:
         raise ValueError("generate(jit_compile=True) is not supported: XLA needs static shapes, and the decode "
                          "loop's prompt length and cache index are dynamic. Use compile=True (a TF graph).")
@@ -187,7 +188,7 @@ def _answer(model, prompt, messages, chat, max_new_tokens, stop_token_ids, optio
     rows = [chat.prompt_ids(m, **template_kwargs) for m in conversations]
     stops = list(chat.stop_ids) + [int(t) for t in stop_token_ids or ()]
     sampler, seed, use_cache, compile, jit_compile, sampler_args = options
-    out, ends = _generate_ids(model, rows, max_new_tokens, sampler, seed, use_cache, stops, compile, jit_compile,
+    out, ends = generate_ids(model, rows, max_new_tokens, sampler, seed, use_cache, stops, compile, jit_compile,
                               sampler_args)
     answers = [chat.decode(row[len(ids):end]) for row, ids, end in zip(out, rows, ends)]
     return answers[0] if one else answers
@@ -284,4 +285,4 @@ def detokenize(tokenizer, ids) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
-__all__ = ["SAMPLERS", "cached_loop", "detokenize", "generate", "make_sampler", "stream", "trim"]
+__all__ = ["SAMPLERS", "cached_loop", "detokenize", "generate", "generate_ids", "make_sampler", "stream", "trim"]
