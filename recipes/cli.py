@@ -25,7 +25,6 @@ def _override(text):
         return key, value
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Recipe)}
 _TYPES = {"int": int, "float": float, "str": str, "dict": json_object}  # a field's type, as its annotation starts
 
 

@@ -83,18 +83,14 @@ def _text_of(path, number, record, name, kind):
 
 def _jsonl(path, column, label_column):
     column = column or "text"
-    found = 0
-    for number, record in reading.jsonl_records(path):  # one pass now: a damaged row fails here, not mid-training
-        found += 1
-        _text_of(path, number, record, column, "Text field")
-        if label_column:
-            _text_of(path, number, record, label_column, "Label field")
-    if not found:
-        raise ValueError(f"Data file {path!r} is empty: it holds no JSON lines.")
+    fields = [(column, "Text field")] + ([(label_column, "Label field")] if label_column else [])
 
     def rows():
-        for _, record in reading.jsonl_records(path):
-            yield (str(record[column]),) + ((str(record[label_column]),) if label_column else ())
+        for number, record in reading.jsonl_records(path):
+            yield tuple(_text_of(path, number, record, name, kind) for name, kind in fields)
+
+    if not sum(1 for _ in rows()):  # one pass now: a damaged or wrong row fails here, not mid-training
+        raise ValueError(f"Data file {path!r} is empty: it holds no JSON lines.")
 
     return rows
 
