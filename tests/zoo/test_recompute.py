@@ -148,10 +148,10 @@ def test_new_families_gradients_equal_float32(name):
 
 @pytest.mark.parametrize("name, dtype", [("enc-base", "mixed_bfloat16"), ("dec-base", "mixed_float16")])
 def test_gradients_equal_mixed_precision(name, dtype):  # each family under one half precision, each precision once
+    """`full` under half precision: the recomputed pass repeats the same half-precision ops on the same inputs.
+    (`selective` with the chunked core recomputes nothing: it is `none`, test_policy_switches_on_a_built_model.)"""
     reference = gradients(name, "none", "function", dtype=dtype)
-    for policy in ("full", "selective"):
-        # The recomputed pass repeats the same half-precision ops on the same inputs.
-        assert_same(reference, gradients(name, policy, "function", dtype=dtype), rtol=1e-5)
+    assert_same(reference, gradients(name, "full", "function", dtype=dtype), rtol=1e-5)
     # The cores round differently (the plain one its normalised probabilities, the chunked one its running
     # sums), and the differences compound over layers: each must be as close to float32 as the other.
     exact = gradients(name, "none", "function", core="plain")
@@ -184,8 +184,9 @@ def fit_data(name, steps=3):
     [("dec-base", "mixed_bfloat16"), ("enc-base", "mixed_float16")],
 )
 def test_fit_reaches_same_weights(name, dtype, monkeypatch):
-    """`fit` under full and selective reaches the weights it reaches under none, each policy switched on the
-    compiled model (set_checkpointing) and fitted from the same weights, dropout seeds and optimizer state.
+    """`fit` under full reaches the weights it reaches under none, the policy switched on the compiled model
+    (set_checkpointing) and fitted from the same weights, dropout seeds and optimizer state. (`selective` with the
+    chunked core, the models' default, recomputes nothing: test_policy_switches_on_a_built_model counts it.)
     The switch drops the compiled train step, and the new trace holds one recomputation wrapper per block
     under full (the wrapper runs at trace time, so counting its calls counts what the graph contains), traced
     once and reused for every step."""
@@ -218,12 +219,11 @@ def test_fit_reaches_same_weights(name, dtype, monkeypatch):
     reference = fit("none")
     moved = max(np.abs(a - b).max() for a, b in zip(reference.values(), initial_weights))
     assert moved > 1e-3, "training must move the weights for the comparison to mean anything"
-    for policy in ("full", "selective"):
-        assert model.train_function is not None
-        assert model.set_checkpointing(policy) == policy == model.checkpointing
-        assert model.train_function is None  # rebuilt, with the new policy, on the next step
-        # Adam normalises a noise gradient to a step of ~lr: the key bias's weights are noise, not ~0.
-        assert_same(reference, fit(policy), rtol=1e-5, zero=None)
+    assert model.train_function is not None
+    assert model.set_checkpointing("full") == "full" == model.checkpointing
+    assert model.train_function is None  # rebuilt, with the new policy, on the next step
+    # Adam normalises a noise gradient to a step of ~lr: the key bias's weights are noise, not ~0.
+    assert_same(reference, fit("full"), rtol=1e-5, zero=None)
 
 
 @pytest.mark.parametrize("core, selective_wrappers", [("chunked", 0), ("plain", 2)])
