@@ -103,6 +103,15 @@ def weights(weights_dtype: str = "float32", precision=None, rounding=None, accum
 
 
 QUANTIZATION_MODES = ("int8", "int4")  # a frozen base through Keras' Model.quantize (zoo.quantization.quantize_base)
+# The token tables (embeddings, and so a tied LM head; an untied head) of a quantized base, whatever its mode: int8
+# with a scale per row, never 4-bit, as QLoRA leaves the embeddings and `lm_head` out of 4-bit (bitsandbytes). The
+# head's logits decide the loss; the tables are a small part of the weights (docs/lora.md, Quantized base).
+TABLE_MODE = "int8"
+
+
+def layer_mode(mode, table) -> str | None:
+    """The quantization mode of one layer of a base quantized in `mode`: TABLE_MODE for a token table."""
+    return mode and (TABLE_MODE if table else mode)
 # Floats of the largest slice of a layer quantized at once while loading (16 MiB in float32;
 # zoo.quantization.quantize_into cuts larger layers, zoo.memory.loading plans with it).
 QUANTIZE_SLICE = 2**22

@@ -18,7 +18,7 @@ import gc
 import keras
 import ml_dtypes
 
-from zoo.checks import QUANTIZATION_MODES, QUANTIZE_SLICE
+from zoo.checks import QUANTIZATION_MODES, QUANTIZE_SLICE, layer_mode
 from zoo.models import quantizable
 from zoo.ops.scratch_graphs import release_scratch_graphs
 
@@ -52,9 +52,10 @@ def quantization_config(mode):
 
 
 def quantize_base(model, mode) -> list:
-    """Quantize the frozen base through Keras' `Model.quantize`: every `Dense` and embedding
-    (the token embedding and so a tied LM head, an untied head, BERT's segment embedding),
-    never a new task head, which trains in full. Call it before `zoo.lora.enable_lora`.
+    """Quantize the frozen base through Keras' `Model.quantize`: every `Dense` in `mode`, and every
+    embedding (the token embedding and so a tied LM head, an untied head, BERT's segment embedding)
+    in int8 with a scale per row whatever `mode` (zoo.checks.TABLE_MODE), never a new task head,
+    which trains in full. Call it before `zoo.lora.enable_lora`.
 
     keras-hub's ReversibleEmbedding is a trivial subclass of Keras', whose `quantize` refuses
     subclasses unless `type_check=False`; the filter lets only Dense and Embedding layers through.
@@ -68,20 +69,22 @@ def quantize_base(model, mode) -> list:
     Returns:
         The paths of the quantized layers.
     """
-    config = quantization_config(mode)
+    quantization_config(mode)  # a known mode
     layers = quantizable(model)
     if any(getattr(layer, "lora_enabled", False) for layer in layers):
         raise ValueError("Quantize the base before enable_lora(): the adapters train on top of the quantized "
                          "kernels (merge_lora() first to quantize a merged model).")
+    chosen = {id(layer): layer_mode(mode, isinstance(layer, keras.layers.Embedding)) for layer in layers}
     modes = {layer.quantization_mode for layer in model._flatten_layers() if getattr(layer, "quantization_mode", None)}
-    if modes == {mode} and all(layer.quantization_mode == mode for layer in layers):
+    if modes and all(layer.quantization_mode == chosen[id(layer)] for layer in layers):
         return [layer.path for layer in layers]  # built quantized and loaded (zoo.hub.load(..., quantize=mode))
     if modes:
         raise ValueError(f"This model is already quantized ({', '.join(sorted(modes))}).")
-    chosen = {id(layer) for layer in layers}
     release_scratch_graphs()  # else the replaced float kernels stay alive (zoo.ops.scratch_graphs)
     with collect_once():
-        model.quantize(config=config, filters=lambda layer: id(layer) in chosen, type_check=False)
+        for each in sorted(set(chosen.values())):
+            model.quantize(config=quantization_config(each), type_check=False,
+                           filters=lambda layer, each=each: chosen.get(id(layer)) == each)
     model._drop_compiled_functions()
     return [layer.path for layer in model._flatten_layers() if getattr(layer, "quantization_mode", None)]
 

@@ -156,7 +156,8 @@ def test_plan_prints_the_loading_peak_beside_the_step(capsys):
     last = capsys.readouterr().out.splitlines()[-1]
     plan = zoo.memory.loading_plan("llama3.1-8b", quantize="int4", precision="mixed_bfloat16")
     assert last.startswith("auto: full (") and f"peak {plan.total / zoo.memory.GiB:.2f} GiB" in last
-    assert 4 * zoo.memory.GiB < plan.model < 4.2 * zoo.memory.GiB  # 8.03B parameters at about half a byte
+    # 7.0B parameters of the blocks at about half a byte, the two token tables' 1.05B at a byte (int8)
+    assert 4.4 * zoo.memory.GiB < plan.model < 4.6 * zoo.memory.GiB
 
 
 def corrupt(folder, key, array):

@@ -9,6 +9,8 @@ then fails on a SparseTensor placeholder."""
 from keras import ops
 from keras_hub.layers import ReversibleEmbedding
 
+from zoo.ops import quantized_head
+
 
 class ScaledEmbedding(ReversibleEmbedding):
     def __init__(self, *args, scale=None, **kwargs):
@@ -19,7 +21,10 @@ class ScaledEmbedding(ReversibleEmbedding):
         return self._scaled(super().call(inputs, reverse=reverse), reverse)
 
     def quantized_call(self, inputs, reverse=False):
-        """A quantized layer (zoo.quantization.quantize_base) is called here, not through `call`: scale it too."""
+        """A quantized layer (zoo.quantization.quantize_base) is called here, not through `call`: scale it too.
+        An int8 head runs a slice of the vocabulary at a time (zoo.ops.quantized_head), never the whole table cast."""
+        if reverse and quantized_head.sliceable(self):
+            return quantized_head.int8_logits(inputs, self)
         return self._scaled(super().quantized_call(inputs, reverse=reverse), reverse)
 
     def _scaled(self, x, reverse):

@@ -6,6 +6,7 @@ import re
 
 import keras
 
+from zoo.checks import layer_mode
 from zoo.models.decoder import DecoderBackbone, DecoderCausalLM
 from zoo.models.encoder import EncoderBackbone, EncoderClassifier, EncoderMaskedLM
 from zoo.ops.recompute import policy_name
@@ -73,34 +74,39 @@ def quantizable(model) -> list:
 
 def quantized_policies(spec, task, dtype, mode, **task_args):
     """A Keras `DTypePolicyMap`: `mode`'s policy ("int4/128_from_float32", what `Model.quantize` with
-    zoo.quantization's config gives) at the path of every `quantizable` layer, `dtype` elsewhere. The paths
+    zoo.quantization's config gives) at the path of every `quantizable` layer (int8 at a token table's:
+    zoo.checks.TABLE_MODE), `dtype` elsewhere. The paths
     are read off a copy of the model shrunk to 2 blocks and tiny widths (block indices generalised):
     layer names do not depend on sizes."""
     tiny = {"num_layers": min(spec.num_layers, 2), "hidden_dim": 8, "num_heads": 2, "intermediate_dim": 8,
             "vocab_size": 16, "num_kv_heads": 1 if spec.num_kv_heads != spec.num_heads else 2,
             "head_dim": None if spec.head_dim == spec.hidden_dim // spec.num_heads else 4,
             "sliding_window": spec.sliding_window and min(spec.sliding_window, 4)}
-    suffix = "/128" if mode == "int4" else ""  # zoo.quantization.quantization_config: int4 blocks of 128
-    quantized = keras.dtype_policies.get(f"{mode}{suffix}_from_{dtype}")
     policies = keras.dtype_policies.DTypePolicyMap(default_policy=dtype)
-    for path in _quantizable_paths(spec.replace(**tiny), task, dtype, tuple(sorted(task_args.items()))):
-        policies[path] = quantized
+    for path, table in _quantizable_paths(spec.replace(**tiny), task, dtype, tuple(sorted(task_args.items()))):
+        policies[path] = _quantized_policy(layer_mode(mode, table), dtype)
     return policies
+
+
+def _quantized_policy(mode, dtype):
+    suffix = "/128" if mode == "int4" else ""  # zoo.quantization.quantization_config: int4 blocks of 128
+    return keras.dtype_policies.get(f"{mode}{suffix}_from_{dtype}")
 
 
 @functools.cache
 def _quantizable_paths(tiny_spec, task, dtype, task_args) -> tuple:
-    """The generalised paths of `quantizable` layers, once per shrunk spec: building the tiny copy is
-    ~0.5 s, paid at every quantized build (each QLoRA run, each resumed one) before this cache. The copy
-    draws no seed that the real model would see: Keras seeds unseeded initializers and dropout from
-    Python's `random`, so a cached call and a first one must leave it alike (a resumed QLoRA run
-    restarts with the seeds the first run drew)."""
+    """(generalised path, whether it is a token table) of each `quantizable` layer, once per shrunk spec:
+    building the tiny copy is ~0.5 s, paid at every quantized build (each QLoRA run, each resumed one)
+    before this cache. The copy draws no seed that the real model would see: Keras seeds unseeded
+    initializers and dropout from Python's `random`, so a cached call and a first one must leave it
+    alike (a resumed QLoRA run restarts with the seeds the first run drew)."""
     state = random.getstate()
     try:
         small = TASKS[tiny_spec.family][task](tiny_spec, dtype=dtype, **dict(task_args))
     finally:
         random.setstate(state)
-    return tuple(sorted({re.sub(r"block_\d+", r"block_\\d+", re.escape(layer.path)) for layer in quantizable(small)}))
+    return tuple(sorted({(re.sub(r"block_\d+", r"block_\\d+", re.escape(layer.path)),
+                          isinstance(layer, keras.layers.Embedding)) for layer in quantizable(small)}))
 
 
 # Where each projection role's Dense sits in a transformer block (zoo.layers.block): (sublayer, attribute).
