@@ -45,7 +45,8 @@ class PreferenceTuning(kinds.Kind):
         held = {n for n in numbers if every and (n - 1) % every == 0}
         train_pairs, report = data.pairs(kind, rows, template, tokenizer, recipe.sequence_length,
                                          numbers=[n for n in numbers if n not in held],
-                                         template_kwargs=recipe.chat_template_kwargs)
+                                         template_kwargs=recipe.chat_template_kwargs,
+                                         completion_mask=recipe.completion_mask)
         for line in report.lines(recipe.sequence_length):
             print(line)
         if not train_pairs:
@@ -57,7 +58,8 @@ class PreferenceTuning(kinds.Kind):
         valid_pairs = []
         if held:
             valid_pairs, valid_report = data.pairs(kind, rows, template, tokenizer, recipe.sequence_length,
-                                                   numbers=sorted(held), template_kwargs=recipe.chat_template_kwargs)
+                                                   numbers=sorted(held), template_kwargs=recipe.chat_template_kwargs,
+                                                   completion_mask=recipe.completion_mask)
             print("Validation: " + " ".join(valid_report.lines(recipe.sequence_length)))
         completion = np.mean([p.chosen.mask[1:].sum() + p.rejected.mask[1:].sum() for p in train_pairs])
         return Examples(train=train_pairs, valid=valid_pairs,
