@@ -27,6 +27,17 @@ from recipes.kinds import Examples
 from recipes.reference import stored_scores
 
 
+def show_mask(recipe, data_path, row, out_dir="") -> str:
+    """Pair `row` (1-based) of `data_path` as the run will score it: each answer's text with the scored tokens
+    between ⟦ and ⟧, and the counts (`zoo train --recipe dpo --show-mask ROW`)."""
+    tokenizer, template = tokenizer_and_template(recipe, out_dir)
+    kind, rows = data.read_rows(data_path)
+    if not 1 <= row <= len(rows):
+        raise ValueError(f"--show-mask {row}: {data_path} has rows 1 to {len(rows)}.")
+    return f"-- row {row}\n" + data.show_pair(kind, rows, row, template, tokenizer, recipe.chat_template_kwargs,
+                                              recipe.completion_mask)
+
+
 class PreferenceTuning(kinds.Kind):
     """Its data: pairs [P, 2, S] (chosen, rejected), with the reference's stored scores where it has them;
     its loss and metrics: zoo.preference's, under TRL's names; tokens/s counts completion tokens."""

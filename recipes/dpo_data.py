@@ -41,7 +41,7 @@ import tensorflow as tf
 
 from recipes import conversation
 from recipes.recipe import COMPLETION_MASKS
-from zoo.chat import ChatTemplateError, Encoded, mask_from_offsets
+from zoo.chat import ChatTemplateError, Encoded, EncodedChat, mask_from_offsets
 
 FORMATS = {"explicit": ("prompt", "chosen", "rejected"), "implicit": ("chosen", "rejected")}
 DESCRIBED = "TRL's preference formats: explicit prompt/chosen/rejected, implicit chosen/rejected"
@@ -173,7 +173,7 @@ def pairs(kind, rows, template, tokenizer, sequence_length, numbers=None, eos=No
     is_conversational = conversational(rows[0])  # the file's first row, so that every split agrees
     if is_conversational and template is None:
         raise ChatTemplateError("Conversations need the checkpoint's chat template; pass --chat-template FILE.")
-    eos = eos if eos is not None else (template.special_tokens.get("eos_token", "") if template else "")
+    eos = _eos(template, eos)
     numbers = list(numbers) if numbers is not None else list(range(1, len(rows) + 1))
     texts, spans = [], []
     for number in numbers:
@@ -218,6 +218,27 @@ def pairs(kind, rows, template, tokenizer, sequence_length, numbers=None, eos=No
         report.untrained_first_token += int(any(s.mask[0] for s in sides))
     report.kept = len(kept)
     return kept, report
+
+
+def _eos(template, eos=None) -> str:
+    """What plain answers end with: `eos`, else the template's eos_token."""
+    return eos if eos is not None else (template.special_tokens.get("eos_token", "") if template else "")
+
+
+def show_pair(kind, rows, number, template, tokenizer, template_kwargs=None, completion_mask="spans") -> str:
+    """Row `number` (1-based) as `pairs` scores it: each answer's text with the scored tokens between ⟦ and ⟧, and
+    the counts (`zoo train --recipe dpo --show-mask ROW`)."""
+    (pair,), _ = pairs(kind, rows, template, tokenizer, 10**9, numbers=[number], template_kwargs=template_kwargs,
+                       completion_mask=completion_mask)
+    row, is_conversational = rows[number - 1], conversational(rows[0])
+    _, answers = _texts(*_split(kind, row, is_conversational), template, _eos(template),
+                        *conversation.chat_arguments(row, template_kwargs))
+    shown = []
+    for side, encoded, (text, _) in zip(("chosen", "rejected"), (pair.chosen, pair.rejected), answers):
+        offsets = tokenizer.tokenizer.encode(text, add_special_tokens=not is_conversational).offsets
+        drawn = EncodedChat(encoded.ids, encoded.mask, text, (), np.asarray(offsets).reshape(-1, 2)).show_mask()
+        shown.append(f"-- {side}: {len(encoded.ids)} tokens, {int(encoded.mask[1:].sum())} scored\n{drawn}")
+    return "\n".join(shown)
 
 
 # ----------------------------------------------------------------------------- batches
