@@ -284,6 +284,7 @@ def test_conversational_masks_are_the_sft_spans(name):
 
     data = json.loads((STOCK / f"{name}.json").read_text(encoding="utf-8"))
     template = ChatTemplate((STOCK / data["template_file"]).read_text(encoding="utf-8"), data["special_tokens"])
+    twin = ChatTemplate(data["template_with_generation"], data["special_tokens"])
     tokenizer = ChatTokenizer.from_folder(STOCK)
     compared, separated, clipped = 0, 0, []
     for case in data["cases"]:
@@ -295,6 +296,7 @@ def test_conversational_masks_are_the_sft_spans(name):
                "chat_template_kwargs": case["template_kwargs"]}
         (pair,), _ = dpo_data.pairs("explicit", [row], template, tokenizer, 4096)
         (trl,), _ = dpo_data.pairs("explicit", [row], template, tokenizer, 4096, completion_mask="trl")
+        (tagged,), _ = dpo_data.pairs("explicit", [row], twin, tokenizer, 4096)  # {% generation %} spans
         sft = encode_chat(template, tokenizer, case["messages"], tools=case["tools"], **case["template_kwargs"])
         (start, end), before = sft.spans[-1], template.render(prompt, add_generation_prompt=True, tools=case["tools"],
                                                               **case["template_kwargs"])
@@ -308,7 +310,7 @@ def test_conversational_masks_are_the_sft_spans(name):
                                                                  sft.show_mask(mask=last_turn))
         (completion,), _ = sft_data.examples("prompt-completion", [{**row, "completion": [last]}], template,
                                              tokenizer, 4096)  # SFT's prompt/completion row: the same function
-        assert completion.mask.tolist() == pair.chosen.mask.tolist(), case["name"]
+        assert completion.mask.tolist() == pair.chosen.mask.tolist() == tagged.chosen.mask.tolist(), case["name"]
         if not any(m["role"] == "assistant" for m in prompt):  # one answer: the whole conversation's SFT mask
             assert pair.chosen.mask.tolist() == sft.mask.tolist(), case["name"]
         compared += 1
