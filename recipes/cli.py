@@ -84,8 +84,8 @@ def register(subparsers):
     p.add_argument("--validation-every", type=int, default=0, help="hold out every n-th document for validation")
     add_recipe_flags(p)
     p.add_argument("--show-mask", type=int, metavar="ROW",
-                   help="--recipe sft: print row ROW (1-based) as the template renders it, the trained tokens between "
-                   "⟦ and ⟧, and exit")
+                   help="--recipe sft / dpo / simpo: print row ROW (1-based) as the template renders it, the trained "
+                   "(scored) tokens between ⟦ and ⟧, and exit")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="model spec override, repeatable (e.g. --override num_layers=2)")
     p.add_argument("--strategy", choices=("mirrored", "multi-worker"),
@@ -128,8 +128,9 @@ def _train(args):
         print(json.dumps(recipe.to_dict(), indent=2))
         return 0
     if args.show_mask is not None:
-        from recipes.sft import show_mask
+        from recipes import dpo, sft
 
+        show_mask = dpo.show_mask if recipe.preference else sft.show_mask
         print(show_mask(recipe, args.data, args.show_mask, args.out_dir or ""))
         return 0
     out_dir = args.out_dir or f"runs/{args.model or Path(args.weights.rstrip('/')).name}"

@@ -27,6 +27,17 @@ from recipes.kinds import Examples
 from recipes.reference import stored_scores
 
 
+def show_mask(recipe, data_path, row, out_dir="") -> str:
+    """Pair `row` (1-based) of `data_path` as the run will score it: each answer's text with the scored tokens
+    between ⟦ and ⟧, and the counts (`zoo train --recipe dpo --show-mask ROW`)."""
+    tokenizer, template = tokenizer_and_template(recipe, out_dir)
+    kind, rows = data.read_rows(data_path)
+    if not 1 <= row <= len(rows):
+        raise ValueError(f"--show-mask {row}: {data_path} has rows 1 to {len(rows)}.")
+    return f"-- row {row}\n" + data.show_pair(kind, rows, row, template, tokenizer, recipe.chat_template_kwargs,
+                                              recipe.completion_mask)
+
+
 class PreferenceTuning(kinds.Kind):
     """Its data: pairs [P, 2, S] (chosen, rejected), with the reference's stored scores where it has them;
     its loss and metrics: zoo.preference's, under TRL's names; tokens/s counts completion tokens."""
@@ -45,7 +56,8 @@ class PreferenceTuning(kinds.Kind):
         held = {n for n in numbers if every and (n - 1) % every == 0}
         train_pairs, report = data.pairs(kind, rows, template, tokenizer, recipe.sequence_length,
                                          numbers=[n for n in numbers if n not in held],
-                                         template_kwargs=recipe.chat_template_kwargs)
+                                         template_kwargs=recipe.chat_template_kwargs,
+                                         completion_mask=recipe.completion_mask)
         for line in report.lines(recipe.sequence_length):
             print(line)
         if not train_pairs:
@@ -57,7 +69,8 @@ class PreferenceTuning(kinds.Kind):
         valid_pairs = []
         if held:
             valid_pairs, valid_report = data.pairs(kind, rows, template, tokenizer, recipe.sequence_length,
-                                                   numbers=sorted(held), template_kwargs=recipe.chat_template_kwargs)
+                                                   numbers=sorted(held), template_kwargs=recipe.chat_template_kwargs,
+                                                   completion_mask=recipe.completion_mask)
             print("Validation: " + " ".join(valid_report.lines(recipe.sequence_length)))
         completion = np.mean([p.chosen.mask[1:].sum() + p.rejected.mask[1:].sum() for p in train_pairs])
         return Examples(train=train_pairs, valid=valid_pairs,

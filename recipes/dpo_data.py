@@ -10,14 +10,19 @@ Row formats (the first row decides; every row must have the same):
 Conversations are rendered by the checkpoint's chat template (zoo.chat), plain strings are concatenated and
 the answers end with the end-of-sequence token (unless they already do).
 
-The tokens are those of trl 1.16's `DPOTrainer._prepare_dataset`, exactly (tests/fixtures/dpo_peft/data.json):
-prompt + answer is tokenized as one text, and the prompt alone too; the completion starts where the two
-token sequences part (the shorter of the chosen's and the rejected's common prefix with the prompt), and runs
-to the end. So a token that merges across the boundary (a prompt ending in a space) is scored with the
-completion, the template's whitespace after the end-of-turn token is scored too (TRL's completion mask covers
-it; the SFT code's spans leave it out), and a template that renders the prompt differently alone costs
-nothing. Plain text is tokenized with the tokenizer's own special tokens (a BOS, where its post-processor adds
-one), as TRL's `tokenizer(text)` does; rendered conversations carry the template's.
+The token ids are those of trl 1.16's `DPOTrainer._prepare_dataset`, exactly (tests/fixtures/dpo_peft/data.json):
+prompt + answer is tokenized as one text. What is scored of them:
+  - conversations (`completion_mask="spans"`, the default): each answer's chat span, from the end of the prompt's
+    generation prompt through the end-of-turn token of its last turn (`ChatTemplate.prompt_and_completion`, the
+    function SFT's prompt/completion rows train through; transformers' assistant mask of that turn). The
+    separator a template writes after the end-of-turn token (ChatML's and Gemma's newline, Phi-3.5's
+    `\n<|endoftext|>`) is not scored, nor header whitespace that tokenizes with the answer;
+  - plain text, and conversations with `completion_mask="trl"`: TRL's rule. The prompt alone is tokenized too,
+    and the completion starts where the two token sequences part (the shorter of the chosen's and the rejected's
+    common prefix with the prompt) and runs to the end: a token that merges across the boundary (a prompt ending
+    in a space) is scored with the completion, and so is a conversation's text after the end-of-turn token.
+Plain text is tokenized with the tokenizer's own special tokens (a BOS, where its post-processor adds one), as
+TRL's `tokenizer(text)` does; rendered conversations carry the template's.
 
 A pair of n-token sequences trains n - 1 positions per side (inputs ids[:-1], targets ids[1:], weights
 mask[1:], as recipes.conversation lays rows out). A pair with either side longer than the sequence length is
@@ -35,7 +40,8 @@ import numpy as np
 import tensorflow as tf
 
 from recipes import conversation
-from zoo.chat import ChatTemplateError, Encoded
+from recipes.recipe import COMPLETION_MASKS
+from zoo.chat import ChatTemplateError, Encoded, EncodedChat, mask_from_offsets
 
 FORMATS = {"explicit": ("prompt", "chosen", "rejected"), "implicit": ("chosen", "rejected")}
 DESCRIBED = "TRL's preference formats: explicit prompt/chosen/rejected, implicit chosen/rejected"
@@ -117,15 +123,17 @@ def _empty(answer) -> bool:
     return all(message.get("content") in ("", None, []) for message in answer)
 
 
-def _texts(prompt, chosen, rejected, template, eos, tools=None, template_kwargs=None):
-    """The prompt alone and prompt + each answer, as TRL renders them before tokenizing (with the row's `tools`
-    and template keyword arguments)."""
+def _texts(prompt, chosen, rejected, template, eos, tools=None, template_kwargs=None, control_tokens=()):
+    """The prompt alone, as TRL renders it before tokenizing, and each answer's (prompt + answer, the
+    character spans scored: None for TRL's rule), with the row's `tools` and template keyword arguments.
+    A conversation's answer is `ChatTemplate.prompt_and_completion`'s, the span SFT trains."""
     if isinstance(prompt, str):
         chosen, rejected = (a if a.endswith(eos) else a + eos for a in (chosen, rejected))
-        return prompt, prompt + chosen, prompt + rejected
+        return prompt, [(prompt + chosen, None), (prompt + rejected, None)]
     kw = dict(tools=tools, **(template_kwargs or {}))
     return (template.render(prompt, add_generation_prompt=True, **kw),
-            template.render(list(prompt) + list(chosen), **kw), template.render(list(prompt) + list(rejected), **kw))
+            [template.prompt_and_completion(prompt, answer, control_tokens=control_tokens, **kw)
+             for answer in (chosen, rejected)])
 
 
 def _common_prefix(a, b) -> int:
@@ -134,8 +142,17 @@ def _common_prefix(a, b) -> int:
     return int(differ[0]) if len(differ) else n
 
 
+def _scored(encoding, spans, start) -> Encoded:
+    """One side's ids and mask: the tokens that overlap its character spans (transformers' rule), or where `spans`
+    is None (TRL's rule) every token from `start` on."""
+    ids = np.asarray(encoding.ids, np.int32)
+    if spans is None:
+        return Encoded(ids, (np.arange(len(ids)) >= start).astype(np.int8))
+    return Encoded(ids, mask_from_offsets(encoding.offsets, spans, len(ids)))
+
+
 def pairs(kind, rows, template, tokenizer, sequence_length, numbers=None, eos=None,
-          template_kwargs=None) -> tuple[list[Pair], conversation.Report]:
+          template_kwargs=None, completion_mask="spans") -> tuple[list[Pair], conversation.Report]:
     """The rows as `Pair`s that fit `sequence_length` positions, and a `conversation.Report` (unit "pair") of
     what was dropped.
 
@@ -148,13 +165,17 @@ def pairs(kind, rows, template, tokenizer, sequence_length, numbers=None, eos=No
         eos: appended to plain answers that do not end with it (default: the template's eos_token).
         template_kwargs: the template's keyword arguments (a row's `chat_template_kwargs` override them; its
             `tools` reach the template too, as TRL passes them).
+        completion_mask: for conversations, "spans" (each answer's chat span, what SFT trains) or "trl" (every
+            token after the prompt's, as TRL's DPOTrainer); plain text always takes TRL's.
     """
+    if completion_mask not in COMPLETION_MASKS:
+        raise ValueError(f"Unknown completion_mask {completion_mask!r}; known: {', '.join(COMPLETION_MASKS)}.")
     is_conversational = conversational(rows[0])  # the file's first row, so that every split agrees
     if is_conversational and template is None:
         raise ChatTemplateError("Conversations need the checkpoint's chat template; pass --chat-template FILE.")
-    eos = eos if eos is not None else (template.special_tokens.get("eos_token", "") if template else "")
+    eos = _eos(template, eos)
     numbers = list(numbers) if numbers is not None else list(range(1, len(rows) + 1))
-    texts = []
+    texts, spans = [], []
     for number in numbers:
         try:
             prompt, chosen, rejected = _split(kind, rows[number - 1], is_conversational)
@@ -162,23 +183,28 @@ def pairs(kind, rows, template, tokenizer, sequence_length, numbers=None, eos=No
                 if _empty(answer):
                     raise ValueError(f"the {side} answer is empty; every pair needs two answers to compare (drop "
                                      "the row, or fill it in).")
-            texts += _texts(prompt, chosen, rejected, template, eos,
-                            *conversation.chat_arguments(rows[number - 1], template_kwargs))
+            prompt_text, answers = _texts(prompt, chosen, rejected, template, eos,
+                                          *conversation.chat_arguments(rows[number - 1], template_kwargs),
+                                          control_tokens=tokenizer.control_tokens)
         except ChatTemplateError as error:
             raise ChatTemplateError(f"Row {number}: {error}") from None
         except ValueError as error:
             raise ValueError(f"Row {number}: {error}") from None
-    ids = [np.asarray(e.ids, np.int32) for e in tokenizer.tokenizer.encode_batch(
-        texts, add_special_tokens=not is_conversational)]  # TRL: tokenizer(text), or the template's tokens
+        texts += [prompt_text, *(text for text, _ in answers)]
+        spans += [None if completion_mask == "trl" else answer_spans for _, answer_spans in answers]
+    # TRL: tokenizer(text) for plain text; a rendered conversation carries the template's special tokens
+    encodings = tokenizer.tokenizer.encode_batch(texts, add_special_tokens=not is_conversational)
     report, kept = conversation.Report(rows=len(numbers), unit="pair"), []
     for i, number in enumerate(numbers):
-        prompt, chosen, rejected = ids[3 * i:3 * i + 3]
-        start = min(_common_prefix(prompt, chosen), _common_prefix(prompt, rejected))
-        sides = [Encoded(s, (np.arange(len(s)) >= start).astype(np.int8)) for s in (chosen, rejected)]
-        for side, encoded in zip(("chosen", "rejected"), sides):
+        prompt, *answers = encodings[3 * i:3 * i + 3]
+        start = min(_common_prefix(np.asarray(prompt.ids), np.asarray(a.ids)) for a in answers)
+        sides = [_scored(answer, answer_spans, start) for answer, answer_spans in zip(answers, spans[2 * i:2 * i + 2])]
+        for side, encoded, answer_spans in zip(("chosen", "rejected"), sides, spans[2 * i:2 * i + 2]):
             if not encoded.mask[1:].any():
-                raise ValueError(f"Row {number}: the {side} answer has no token to score after the prompt's "
-                                 f"{start} (it adds nothing to the prompt's tokens); fill it in or drop the row.")
+                where = f"after the prompt's {start} (it adds nothing to the prompt's tokens)" if answer_spans is None \
+                    else "in its chat span (the template renders nothing of it)"
+                raise ValueError(f"Row {number}: the {side} answer has no token to score {where}; fill it in or drop "
+                                 "the row.")
         positions = max(len(s.ids) for s in sides) - 1
         report.longest = max(report.longest, positions)
         if positions > sequence_length:
@@ -192,6 +218,27 @@ def pairs(kind, rows, template, tokenizer, sequence_length, numbers=None, eos=No
         report.untrained_first_token += int(any(s.mask[0] for s in sides))
     report.kept = len(kept)
     return kept, report
+
+
+def _eos(template, eos=None) -> str:
+    """What plain answers end with: `eos`, else the template's eos_token."""
+    return eos if eos is not None else (template.special_tokens.get("eos_token", "") if template else "")
+
+
+def show_pair(kind, rows, number, template, tokenizer, template_kwargs=None, completion_mask="spans") -> str:
+    """Row `number` (1-based) as `pairs` scores it: each answer's text with the scored tokens between ⟦ and ⟧, and
+    the counts (`zoo train --recipe dpo --show-mask ROW`)."""
+    (pair,), _ = pairs(kind, rows, template, tokenizer, 10**9, numbers=[number], template_kwargs=template_kwargs,
+                       completion_mask=completion_mask)
+    row, is_conversational = rows[number - 1], conversational(rows[0])
+    _, answers = _texts(*_split(kind, row, is_conversational), template, _eos(template),
+                        *conversation.chat_arguments(row, template_kwargs))
+    shown = []
+    for side, encoded, (text, _) in zip(("chosen", "rejected"), (pair.chosen, pair.rejected), answers):
+        offsets = tokenizer.tokenizer.encode(text, add_special_tokens=not is_conversational).offsets
+        drawn = EncodedChat(encoded.ids, encoded.mask, text, (), np.asarray(offsets).reshape(-1, 2)).show_mask()
+        shown.append(f"-- {side}: {len(encoded.ids)} tokens, {int(encoded.mask[1:].sum())} scored\n{drawn}")
+    return "\n".join(shown)
 
 
 # ----------------------------------------------------------------------------- batches

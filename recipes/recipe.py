@@ -33,6 +33,8 @@ TASKS = ("masked_lm", "causal_lm", "classifier")
 LEGACY_TASKS = {"mlm": "masked_lm", "clm": "causal_lm", "classify": "classifier"}  # run.json before 0.2
 DECAYS = ("linear", "cosine")
 LOSS_ON = ("assistant", "all")  # SFT: "assistant": assistant turns, or the completion; "all": every token
+# DPO on conversations: "spans": the answer's chat span, as SFT trains it; "trl": every token after the prompt's
+COMPLETION_MASKS = ("spans", "trl")
 
 
 def option(default=dataclasses.MISSING, help="", *, factory=None, recipes=None, cli=True, **argparse):
@@ -299,6 +301,11 @@ class Preference:
     label_smoothing: float = option(0.0, "--recipe dpo: sigmoid: conservative DPO's epsilon; robust: the label flip "
                                     "rate", recipes=("dpo",))
     simpo_gamma: float = option(1.0, "--recipe simpo: the target reward margin (default 1.0)", recipes=("simpo",))
+    # conversational pairs: what is scored of each answer (docs/dpo.md, "Which tokens are scored")
+    completion_mask: str = option("spans", "--recipe dpo / simpo: conversational pairs score each answer's chat span "
+                                  "(its text and end-of-turn token, what SFT trains; default) or, with 'trl', every "
+                                  "token after the prompt's, as TRL's DPOTrainer (the separator after the end-of-turn "
+                                  "token too)", choices=COMPLETION_MASKS)
     # a Hugging Face folder scored once before training; None: LoRA's base, or the start
     reference: str | None = option(None, "--recipe dpo: a reference model that scores every pair once before training "
                                    "(default: the base without its LoRA adapters, or the starting weights; "
@@ -312,6 +319,8 @@ class Preference:
         check(not self.packing and self.loss_on == "assistant", "Preference tuning scores each completion on "
               "its own padded row: drop packing and loss_on.")
         check(not self.fused, "Preference tuning does not run under the fused update; drop --fused.")
+        check(self.completion_mask in COMPLETION_MASKS, f"Unknown completion_mask {self.completion_mask!r}; known: "
+              f"{', '.join(COMPLETION_MASKS)}.")
         check(self.preference != "simpo" or self.reference is None, "SimPO has no reference; drop --reference.")
         zoo.preference.Preference(self.preference, self.beta, self.loss_type, self.label_smoothing,
                                   self.simpo_gamma, None if self.preference == "simpo" else "stored").check()

@@ -48,6 +48,9 @@ def read_run(out_dir):
         # A run from before weights_dtype (added with the factored Adafactor) trained "adafactor" with Keras'.
         if recipe.get("optimizer") == "adafactor" and "weights_dtype" not in recipe:
             recipe["optimizer"] = "keras-adafactor"
+        # A preference run from before completion_mask scored conversations by TRL's rule (recipes.dpo_data).
+        if recipe.get("preference") and "completion_mask" not in recipe:
+            recipe["completion_mask"] = "trl"
         for name, default in Recipe.defaults().items():  # fields added since: their defaults (what the run used)
             recipe.setdefault(name, default)
     return run

@@ -115,3 +115,19 @@ def test_a_named_reference_scores_the_pairs_once_and_must_share_the_vocabulary(c
     with pytest.raises(ValueError, match="must share the policy's tokenizer"):
         reference.score(recipe, other, tmp_path / "refused.npz", "print", pairs, [])
     assert not (tmp_path / "refused.npz").exists()
+
+
+def test_show_mask_draws_both_answers_as_they_are_scored(checkpoint, tmp_path, capsys):  # noqa: F811
+    """`zoo train --recipe dpo --show-mask ROW` draws each answer's scored tokens: its chat span by default, TRL's
+    completion (the newline after <|im_end|> too) with --completion-mask trl."""
+    from zoo.cli import main
+
+    path = write_jsonl(tmp_path / "pairs.jsonl", sums(3))
+    chosen, rejected = (sums(3)[1][side][0]["content"] for side in ("chosen", "rejected"))
+    for flags, after in (((), "⟧\n"), (("--completion-mask", "trl"), "\n⟧")):
+        code = main(["train", "--recipe", "dpo", "--weights", str(checkpoint), "--data", str(path), "--show-mask",
+                     "2", *flags])
+        out = capsys.readouterr().out
+        assert code in (0, None) and out.startswith("-- row 2\n-- chosen: ")
+        assert f"<|im_start|>assistant\n⟦{chosen}<|im_end|>{after}" in out
+        assert f"<|im_start|>assistant\n⟦{rejected}<|im_end|>{after}" in out and "scored" in out

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import recipes
-from recipes import dpo_data
+from recipes import dpo_data, sft_data
 from zoo.chat import ChatTemplate, ChatTemplateError, ChatTokenizer
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
@@ -54,16 +54,28 @@ def write_jsonl(path, rows):
 
 
 def test_tokens_masks_and_batches_equal_trls(template, tokenizer):
+    """completion_mask="trl": TRL's ids, masks and collated batch, exactly. By default the same ids and, for
+    conversations, TRL's mask less the one token TRL scores past the answer's chat span: the "\n" this template
+    writes after <|im_end|>."""
     data = json.loads((FIXTURES / "dpo_peft" / "data.json").read_text(encoding="utf-8"))
     assert data["versions"]["trl"] == "1.16.0" and data["pad_token_id"] == 0
+    separators = 0
     for name, group in data["groups"].items():
         kind = "explicit" if "prompt" in group["rows"][0] else "implicit"
-        pairs, report = dpo_data.pairs(kind, group["rows"], template, tokenizer, 512)
+        pairs, report = dpo_data.pairs(kind, group["rows"], template, tokenizer, 512, completion_mask="trl")
+        spans, _ = dpo_data.pairs(kind, group["rows"], template, tokenizer, 512)
         assert report.kept == len(group["rows"]), name
-        for pair, trl in zip(pairs, group["processed"]):
-            for side, encoded in (("chosen", pair.chosen), ("rejected", pair.rejected)):
-                assert encoded.ids.tolist() == trl["prompt_ids"] + trl[f"{side}_ids"], (name, pair.number, side)
-                assert encoded.mask.tolist() == [0] * len(trl["prompt_ids"]) + [1] * len(trl[f"{side}_ids"])
+        for pair, own, trl in zip(pairs, spans, group["processed"]):
+            for side in ("chosen", "rejected"):
+                encoded, ours = getattr(pair, side), getattr(own, side)
+                want = np.array([0] * len(trl["prompt_ids"]) + [1] * len(trl[f"{side}_ids"]))
+                assert encoded.ids.tolist() == ours.ids.tolist() == trl["prompt_ids"] + trl[f"{side}_ids"], (
+                    name, pair.number, side)
+                assert encoded.mask.tolist() == want.tolist()
+                if name.startswith("conversational"):
+                    assert [tokenizer.tokenizer.id_to_token(int(i)) for i in ours.ids[-2:]] == ["<|im_end|>", "Ċ"]
+                    want[-1], separators = 0, separators + 1
+                assert ours.mask.tolist() == want.tolist(), (name, pair.number, side)
         # TRL's collated batch (chosen rows, then rejected rows, padded with 0) is ours, shifted by one position
         batch = {k: np.asarray(v) for k, v in group["batch"].items()}
         (indices, x, y), = dpo_data.reference_batches(pairs, len(pairs), batch["input_ids"].shape[1] - 1)
@@ -77,17 +89,20 @@ def test_tokens_masks_and_batches_equal_trls(template, tokenizer):
         np.testing.assert_array_equal(ours(x["token_ids"]), batch["input_ids"][:, :-1] * shifted, err_msg=name)
         np.testing.assert_array_equal(ours(y["targets"]), batch["input_ids"][:, 1:], err_msg=name)
         np.testing.assert_array_equal(ours(y["weights"]), batch["completion_mask"][:, 1:], err_msg=name)
+    assert separators == 8  # the 4 conversational pairs, both sides
 
 
 def test_masks_cover_the_completions_only(template, tokenizer):
     rows = [{"prompt": [USER], "chosen": answer("Blue."), "rejected": answer("Green, often.")}]
     (pair,), _ = dpo_data.pairs("explicit", rows, template, tokenizer, 256)
-    # TRL scores what the whole adds after the generation prompt: the answer, its end-of-turn token and newline
-    assert (scored(tokenizer, pair.chosen), scored(tokenizer, pair.rejected)) == (
-        "Blue.<|im_end|>\n", "Green, often.<|im_end|>\n")
+    # each answer's chat span, as SFT trains it: the text and its end-of-turn token, not the newline after it
+    assert (scored(tokenizer, pair.chosen), scored(tokenizer, pair.rejected)) == ("Blue.<|im_end|>",
+                                                                                 "Green, often.<|im_end|>")
     prompt = template.render([USER], add_generation_prompt=True)
-    assert tokenizer.tokenizer.decode(pair.chosen.ids[pair.chosen.mask == 0].tolist(),
-                                      skip_special_tokens=False) == prompt
+    first = int(np.argmax(pair.chosen.mask))
+    assert tokenizer.tokenizer.decode(pair.chosen.ids[:first].tolist(), skip_special_tokens=False) == prompt
+    (trl,), _ = dpo_data.pairs("explicit", rows, template, tokenizer, 256, completion_mask="trl")
+    assert scored(tokenizer, trl.chosen) == "Blue.<|im_end|>\n"  # TRL's: every token after the prompt's
     plain = [{"prompt": "The sky is", "chosen": " blue.", "rejected": " green.<|im_end|>"}]
     (pair,), _ = dpo_data.pairs("explicit", plain, template, tokenizer, 256)
     assert (scored(tokenizer, pair.chosen), scored(tokenizer, pair.rejected)) == (
@@ -183,6 +198,7 @@ def test_bad_rows_are_refused_with_their_number_and_the_fix(template, tokenizer,
     # "sk" + "y" is one token, "sky": the answer adds no token of its own after the prompt's
     refused([{"prompt": "sk", "chosen": "y", "rejected": "ies"}], "Row 1: the chosen answer has no token to score",
             eos="")
+    refused([good], "Unknown completion_mask 'all'; known: spans, trl", completion_mask="all")
 
 
 def test_order_is_seeded_skip_resumes_and_validation_is_one_pass(template, tokenizer):
@@ -245,6 +261,78 @@ def test_rows_carry_tools_and_template_kwargs_as_trl_reads_them(name, case):
     *prompt, chosen = case["messages"]
     row = {"prompt": prompt, "chosen": [chosen], "rejected": answer("No idea."), "tools": case["tools"],
            "chat_template_kwargs": case["template_kwargs"]}
-    (pair,), _ = dpo_data.pairs("explicit", [row], template, ChatTokenizer.from_folder(stock), 4096)
+    tokenizer = ChatTokenizer.from_folder(stock)
+    (pair,), _ = dpo_data.pairs("explicit", [row], template, tokenizer, 4096)
     assert pair.chosen.ids.tolist() == case["input_ids"]
-    assert pair.chosen.mask[-1] == 1 and pair.rejected.mask[-1] == 1
+    end_of_turn = template.turn_ends(tokenizer.control_tokens)[0]
+    assert scored(tokenizer, pair.chosen) == chosen["content"] + end_of_turn
+    assert scored(tokenizer, pair.rejected) == "No idea." + end_of_turn
+
+
+STOCK = FIXTURES / "chat" / "stock"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in STOCK.glob("*.json") if p.name != "tokenizer.json"))
+def test_conversational_masks_are_the_sft_spans(name):
+    """Every stock template (tests/fixtures/chat/stock), every conversation that ends with an answer: the chosen
+    side of a pair whose prompt is the turns before the answer has transformers' ids, and its mask is the SFT mask
+    of the same conversation (`zoo.chat.encode_chat`) on that answer's turn, which is transformers' assistant mask
+    of the turn: the text and end-of-turn token; not the header, nor the separator after the end-of-turn token
+    (ChatML's and Gemma's "\n", Llama 3's and Qwen3's header "\n\n" where it tokenizes with the answer, Phi-3.5's
+    "\n<|endoftext|>"), which TRL's rule scores; never what the prompt rendered alone already holds."""
+    from zoo.chat import encode_chat, mask_from_offsets
+
+    data = json.loads((STOCK / f"{name}.json").read_text(encoding="utf-8"))
+    template = ChatTemplate((STOCK / data["template_file"]).read_text(encoding="utf-8"), data["special_tokens"])
+    twin = ChatTemplate(data["template_with_generation"], data["special_tokens"])
+    tokenizer = ChatTokenizer.from_folder(STOCK)
+    compared, separated, clipped = 0, 0, []
+    for case in data["cases"]:
+        *prompt, last = case["messages"]
+        if (case["add_generation_prompt"] or "assistant_masks" not in case or last["role"] != "assistant"
+                or prompt[-1]["role"] == "assistant" or not last.get("content")):
+            continue
+        row = {"prompt": prompt, "chosen": [last], "rejected": answer("No idea."), "tools": case["tools"],
+               "chat_template_kwargs": case["template_kwargs"]}
+        (pair,), _ = dpo_data.pairs("explicit", [row], template, tokenizer, 4096)
+        (trl,), _ = dpo_data.pairs("explicit", [row], template, tokenizer, 4096, completion_mask="trl")
+        (tagged,), _ = dpo_data.pairs("explicit", [row], twin, tokenizer, 4096)  # {% generation %} spans
+        sft = encode_chat(template, tokenizer, case["messages"], tools=case["tools"], **case["template_kwargs"])
+        (start, end), before = sft.spans[-1], template.render(prompt, add_generation_prompt=True, tools=case["tools"],
+                                                              **case["template_kwargs"])
+        prompt_end = len(before) if sft.text.startswith(before) else 0  # DeepSeek-R1's prefills `<think>\n`
+        if start < prompt_end:  # the prompt's own rendering writes the turn's first token: it is not the answer's
+            clipped.append(case["name"])
+        last_turn = mask_from_offsets(sft.offsets, [(max(start, prompt_end), end)], len(sft.ids))
+        assert pair.chosen.ids.tolist() == sft.ids.tolist() == case["input_ids"], case["name"]
+        assert sft.mask.tolist() == case["assistant_masks"], case["name"]  # transformers' (tests/zoo/test_chat_stock)
+        assert pair.chosen.mask.tolist() == last_turn.tolist(), (case["name"], sft.show_mask(mask=pair.chosen.mask),
+                                                                 sft.show_mask(mask=last_turn))
+        (completion,), _ = sft_data.examples("prompt-completion", [{**row, "completion": [last]}], template,
+                                             tokenizer, 4096)  # SFT's prompt/completion row: the same function
+        assert completion.mask.tolist() == pair.chosen.mask.tolist() == tagged.chosen.mask.tolist(), case["name"]
+        if not any(m["role"] == "assistant" for m in prompt):  # one answer: the whole conversation's SFT mask
+            assert pair.chosen.mask.tolist() == sft.mask.tolist(), case["name"]
+        compared += 1
+        separated += int(trl.chosen.mask.sum() > pair.chosen.mask.sum())
+    assert compared >= 13, compared
+    # DeepSeek-R1 closes the tool outputs as it answers: transformers' mask of the answer takes the closing token,
+    # which a prompt rendered alone (with its generation prompt) already ends with, so no answer is scored on it
+    assert clipped == (["tool_call_empty_content"] if name.startswith("deepseek") else [])
+    # TRL's rule scores more on 8 of the 11 templates, on every such conversation (the tokens named above)
+    assert separated == (0 if name in ("deepseek-r1-distill-llama-8b", "mistral-7b-instruct-v0.3", "phi-4")
+                         else compared)
+
+
+def test_completion_mask_is_a_recipe_setting_and_older_runs_keep_trls_rule(tmp_path):
+    """`--completion-mask trl` keeps TRL's rule; a preference run.json from before the setting existed scored by
+    TRL's rule, so it resumes only with it (a changed mask would mix two objectives)."""
+    from recipes import state
+
+    assert (recipes.get("dpo").completion_mask, recipes.get("simpo").replace(completion_mask="trl").completion_mask) \
+        == ("spans", "trl")
+    with pytest.raises(ValueError, match="Unknown completion_mask 'all'; known: spans, trl"):
+        recipes.get("dpo").replace(completion_mask="all")
+    for recipe, want in (({"preference": "dpo"}, "trl"), ({"supervised": True}, "spans")):
+        (tmp_path / state.RUN_FILE).write_text(json.dumps({"task": "causal_lm", "recipe": recipe}))
+        assert state.read_run(str(tmp_path))["recipe"]["completion_mask"] == want

@@ -126,3 +126,28 @@ def test_generation_prompts_take_template_kwargs(tokenizer):
     chat = Chat(stock_template(data), tokenizer)
     assert chat.prompt_ids(case["messages"], **case["template_kwargs"]).tolist() == case["input_ids"]
     assert chat.prompt_ids(case["messages"]).tolist() != case["input_ids"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_sampled_answer_is_the_sft_span(name, tokenizer):
+    """GRPO (and generation) samples after `Chat.prompt_ids` and keeps the tokens through the first of
+    `Chat.stop_ids` (zoo.grpo.sample's completion mask). That is the SFT span of the same answer: it starts where the
+    generation prompt ends and its first stop token is its last token, so the separator after the end-of-turn token
+    (ChatML's and Gemma's "\\n", Phi-3.5's "\\n<|endoftext|>") is neither sampled nor trained. DeepSeek-R1's
+    generation prompt prefills `<think>\\n`, which its answered turns drop: there the sample is reasoning + answer."""
+    from zoo.chat import Chat
+
+    data = fixture(name)
+    chat = Chat(stock_template(data), tokenizer)
+    for case in (c for c in data["cases"] if c["name"] in ("single", "system", "multi_turn")):
+        *prompt, _ = case["messages"]
+        encoded = chat.encode(case["messages"])
+        before = chat.template.render(prompt, add_generation_prompt=True)
+        if name == "deepseek-r1-distill-llama-8b":
+            assert not encoded.text.startswith(before) and before.endswith("<think>\n")
+            continue
+        start, end = encoded.spans[-1]
+        assert start == len(before) and encoded.text.startswith(before), case["name"]
+        last_turn = encoded.ids[(encoded.offsets[:, 0] < end) & (encoded.offsets[:, 1] > start)].tolist()
+        stops = [i for i, token in enumerate(last_turn) if token in chat.stop_ids]
+        assert stops == [len(last_turn) - 1], (case["name"], stops, len(last_turn))

@@ -50,7 +50,8 @@ def encode_chat(template: ChatTemplate, tokenizer: ChatTokenizer, messages, tool
     template's keyword arguments, `enable_thinking=False`, `date_string=...`, as transformers passes them), the
     checkpoint's tokenizer encodes it as transformers does, and `mask` marks the assistant turns' tokens
     (`ChatTemplate.render_with_spans`: the reasoning, text and tool calls the template keeps, and the
-    end-of-turn token). SFT, DPO and generation all go through it; `show_mask` draws what is trained.
+    end-of-turn token). SFT and generation go through it, and DPO scores the same spans
+    (`ChatTemplate.prompt_and_completion`); `show_mask` draws what is trained.
 
     Example:
     >>> chat = encode_chat(template, tokenizer, [{"role": "user", "content": "Hi"},

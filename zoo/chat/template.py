@@ -276,17 +276,33 @@ class ChatTemplate:
 
     def prompt_and_completion(self, prompt, completion, tools=None, control_tokens=(),
                               **template_kwargs) -> tuple[str, list[tuple[int, int]]]:
-        """A conversational prompt/completion pair: (text, [the completion's span]) as TRL takes it:
-        the prompt rendered with its generation prompt, the completion is what the whole adds."""
+        """A conversational prompt/completion pair: (text, [the completion's span]), what SFT's prompt/completion
+        rows and DPO's chosen and rejected answers train. The span runs from the end of the prompt's generation
+        prompt through the end-of-turn token of the completion's last turn: `render_with_spans`'s turn, never the
+        separator after it (ChatML's and Gemma's newline, Phi-3.5's `\n<|endoftext|>`). A template that rewrites
+        the prompt once answered (DeepSeek-R1 prefills `<think>\n` the answered turn lacks) gives the
+        completion's own assistant turns."""
+        messages = normalize_messages(list(prompt) + list(completion))
         before = self.render(prompt, add_generation_prompt=True, tools=tools, **template_kwargs)
-        text = self.render(list(prompt) + list(completion), tools=tools, **template_kwargs)
+        text = self._render(messages, False, tools, template_kwargs, None)
         if not text.startswith(before):
-            # a template that rewrites the prompt once answered (Qwen3 drops reasoning): the completion's own turns
-            messages = normalize_messages(list(prompt) + list(completion))
             turns = self._assistant_turns(messages, text, False, tools, control_tokens, template_kwargs)
             return text, [span for i, span in turns if i >= len(prompt)]
-        end = len(text.rstrip(_WHITESPACE))
+        end = self._last_turn_end(messages, text, tools, control_tokens, template_kwargs)
+        end = len(text.rstrip(_WHITESPACE)) if end is None else end
         return text, [(len(before), end)] if end > len(before) else []
+
+    def _last_turn_end(self, messages, text, tools, control_tokens, template_kwargs) -> int | None:
+        """Where the conversation's last message ends its turn (after its end-of-turn token), when it is an
+        assistant turn the template renders; None otherwise."""
+        if messages[-1].get("role") != "assistant":
+            return None
+        if self.has_generation_tags:
+            spans = []
+            self._render(messages, False, tools, template_kwargs, spans)
+            return spans[-1][1] if spans else None
+        turns = self._assistant_turns(messages, text, False, tools, control_tokens, template_kwargs)
+        return turns[-1][1][1] if turns and turns[-1][0] == len(messages) - 1 else None
 
     # ------------------------------------------------------------------ what a turn looks like
     def turn_ends(self, control_tokens=(), tools=None, **template_kwargs) -> tuple[str, ...]:
