@@ -236,6 +236,12 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GiB
 
 
+def rss_gib() -> float:
+    """This process's resident memory now, in GiB (/proc/self/statm: pages)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / GiB
+
+
 class PeakMemory:
     """The peak memory over a block, above its level at the start, and peak RSS (zoo.memory.PeakMemory underneath).
 

@@ -91,9 +91,11 @@ def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, sli
         checkpointing = "full" if kind == "step" else None
         model = zoo.hub.load(folder, dtype=dtype, tokenizer=False, quantize=quantize, checkpointing=checkpointing)
     load_s = time.perf_counter() - start
-    out = {"load_s": load_s, "load_rss_gib": _harness.peak_rss_gib(),
-           "load_alloc_peak_gib": tf.config.experimental.get_memory_info("CPU:0")["peak"] / GiB,
-           "model_gib": sum(v.numpy().nbytes for v in model.weights) / GiB}
+    memory = tf.config.experimental.get_memory_info("CPU:0")
+    out = {"load_s": load_s, "load_rss_gib": _harness.peak_rss_gib(), "load_alloc_peak_gib": memory["peak"] / GiB,
+           "model_gib": sum(v.numpy().nbytes for v in model.weights) / GiB,
+           # where the RSS above the allocator is: resident now, against the allocator's bytes in use now
+           "rss_after_load_gib": _harness.rss_gib(), "alloc_after_load_gib": memory["current"] / GiB}
     if kind != "step":
         return out
     import keras
@@ -107,7 +109,8 @@ def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, sli
     with _harness.PeakMemory() as mem:
         times, _, losses = train_steps(model, x, y, 1)
     return {**out, "alloc_peak_gib": mem.peak_gib, "step_mem_gib": mem.step_gib, "peak_rss_gib": mem.rss_gib,
-            "memory_measure": mem.measure, "step_s": times[0], "losses": losses}
+            "rss_after_step_gib": _harness.rss_gib(), "memory_measure": mem.measure, "step_s": times[0],
+            "losses": losses}
 
 
 def plan(name, quantize, dtype):
