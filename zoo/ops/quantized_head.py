@@ -10,8 +10,6 @@ dtype, then the float32 logits divided by each row's scale (Keras' int8 rows are
 
 import tensorflow as tf
 
-from zoo.ops.ordering import after
-
 SLICE_BYTES = 64 * 2**20  # one slice of the table in the compute dtype
 
 
@@ -38,17 +36,18 @@ def int8_logits(hidden, layer):
     bounds = [(begin, min(begin + step, vocab)) for begin in range(0, vocab, step)]
 
     def piece(begin, end, *deps):
-        """The slice's rows in the compute dtype ([rows, width] tied, [width, rows] untied), made once `deps` exist,
-        and their float32 scales."""
-        rows = table[begin:end] if tied else table[:, begin:end]
-        return tf.cast(after(rows, *deps), dtype), tf.cast(scale[begin:end], tf.float32)
+        """The slice's rows in the compute dtype ([rows, width] tied, [width, rows] untied), made once `deps` exist
+        (else a loss's every chunk would read and cast its first slice at the step's start), and their scales."""
+        with tf.control_dependencies(deps):  # the variable's read and slice too, not only the cast
+            rows = table[begin:end] if tied else table[:, begin:end]
+            return tf.cast(rows, dtype), tf.cast(scale[begin:end], tf.float32)
 
     @tf.custom_gradient
     def logits_of(h):
         flat = tf.reshape(tf.cast(h, dtype), [-1, width])
         parts = []
         for begin, end in bounds:
-            rows, scales = piece(begin, end, *parts[-1:])
+            rows, scales = piece(begin, end, *(parts[-1:] or [flat]))  # the first once the hidden states exist
             parts.append(tf.cast(tf.matmul(flat, rows, transpose_b=tied), tf.float32) / scales)
         logits = tf.reshape(tf.concat(parts, axis=-1), tf.concat([tf.shape(h)[:-1], [vocab]], 0))
 
@@ -56,7 +55,7 @@ def int8_logits(hidden, layer):
             d_flat = tf.reshape(tf.cast(d_logits, tf.float32), [-1, vocab])
             d_h = None
             for begin, end in bounds:
-                rows, scales = piece(begin, end, *([] if d_h is None else [d_h]))
+                rows, scales = piece(begin, end, d_flat if d_h is None else d_h)  # not ahead of this chunk's turn
                 d_part = tf.cast(d_flat[:, begin:end] / scales, dtype)
                 part = tf.cast(tf.matmul(d_part, rows, transpose_b=not tied), tf.float32)
                 d_h = part if d_h is None else d_h + part
