@@ -14,6 +14,7 @@ import zoo
 from tests.common import REPO, TINY_DEC, same_graph_and_weights
 from zoo import export, generation, hub
 from zoo.export import convert, size, stand_in
+from zoo.memory import budget
 
 SOURCE = REPO / "tests" / "fixtures" / "hf" / "llama-rope-parameters"
 PREFILL, CACHE, NEW = 8, 48, 16
@@ -172,7 +173,7 @@ def test_stand_in_writes_the_converters_int8_file_and_auto_takes_it_when_memory_
     as they were."""
     before = [v.numpy() for v in model.weights]
     direct = files["int8"]  # the converter's dynamic-range file of the same model and shapes
-    monkeypatch.setattr(size, "available_bytes", lambda: size.conversion_bytes(model, "int8", "dynamic_range") - 1)
+    monkeypatch.setattr(budget, "available_bytes", lambda: size.conversion_bytes(model, "int8", "dynamic_range") - 1)
     monkeypatch.setattr(size, "FLATBUFFER_LIMIT", (size.tflite_bytes(model, "int8")
                                                    + size.tflite_bytes(model, "float16")) // 2)
     result = export.tflite_generator(model, tmp_path / "stand_in.tflite", quantize="int8", prefill_length=PREFILL,

@@ -184,3 +184,32 @@ def test_a_bad_tensor_in_one_shard_is_refused_by_name_and_nothing_is_half_loaded
         hub.load_weights(mine, folder)
     for old, v in zip(before, mine.weights):  # every header is read before any tensor is assigned
         np.testing.assert_array_equal(old, np.asarray(v))
+
+
+def test_a_load_the_machine_cannot_hold_is_refused_before_anything_is_built(saved, monkeypatch, capsys):
+    """The plan (zoo.memory.loading_plan, less the runtime this process already holds) against MemAvailable: a load
+    that does not fit is refused before the model is built or a tensor read, naming both figures and the settings
+    that fit; check_memory=False loads anyway; the CLI says it in one line."""
+    from zoo.memory import budget
+
+    gib = zoo.memory.GiB
+    with pytest.raises(zoo.memory.DoesNotFit) as refused:  # llama3.1-8b in float32 on a 20 GiB machine
+        zoo.memory.check_loading_fits("llama3.1-8b", "causal_lm", None, "float32", available=20 * gib, label="8B")
+    plans = {q: zoo.memory.loading_plan("llama3.1-8b", "causal_lm", q, "float32") for q in (None, "int4", "int8")}
+    needed = {q: (p.total - p.runtime) / gib for q, p in plans.items()}
+    assert str(refused.value).startswith(f"Loading 8B with quantize=None, dtype='float32' needs about "
+                                         f"{needed[None]:.2f} GiB (zoo.memory.loading_plan) and 20.00 GiB is available")
+    assert f"Settings that fit: quantize='int4', dtype='float32': {needed['int4']:.2f} GiB; quantize='int8'" in str(
+        refused.value)
+
+    folder = saved(False, "dec-1b")[1]
+    monkeypatch.setattr(budget, "available_bytes", lambda: 1000)  # bytes: the tiny model's plan is more
+    with monkeypatch.context() as guard:
+        guard.setattr(hub, "build", lambda *a, **k: pytest.fail("built before the memory check"))
+        with pytest.raises(zoo.memory.DoesNotFit, match="GiB is available now"):
+            hub.load(folder, tokenizer=False)
+    assert hub.load(folder, tokenizer=False, check_memory=False).spec.vocab_size == TINY_DEC["vocab_size"]
+    from zoo.cli import main
+
+    assert main(["generate", str(folder), "hello", "--max-new-tokens", "1"]) == 2
+    assert "zoo generate: error: Loading" in capsys.readouterr().err

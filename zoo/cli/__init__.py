@@ -11,7 +11,7 @@ import argparse
 import sys
 from importlib.metadata import entry_points
 
-from zoo import verbosity
+from zoo import memory, verbosity
 from zoo.cli import catalog, export, generate, plan
 
 COMMANDS = (catalog, plan, export, generate)
@@ -45,6 +45,6 @@ def main(argv=None):
     args = build_parser().parse_args(rest)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, memory.DoesNotFit) as error:
         print(f"zoo {args.command}: error: {error}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ import keras
 import tensorflow as tf
 
 from zoo.export import size, stand_in
+from zoo.memory import budget
 
 QUANTIZATIONS = ("float16", "int8")
 INT8_MODES = ("auto", "dynamic_range", "stand_in")
@@ -54,7 +55,7 @@ def resolve_int8_mode(model, quantize, int8_mode="auto"):
         return None
     if int8_mode != "auto":
         return int8_mode
-    need, available = size.conversion_bytes(model, "int8", "dynamic_range"), size.available_bytes()
+    need, available = size.conversion_bytes(model, "int8", "dynamic_range"), budget.available_bytes()
     if need <= available:
         return "dynamic_range"
     log.warning("int8 with the converter's dynamic-range quantization would need ~%.1f GiB, %.1f GiB are available: "

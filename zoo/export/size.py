@@ -9,8 +9,6 @@ converter's memory, measured: docs/design-notes.md ("Generation in exports").
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 FLATBUFFER_LIMIT = 2**31 - 1  # bytes: flatbuffers' 32-bit offsets
@@ -89,11 +87,3 @@ def conversion_bytes(model, quantize=None, int8_mode="dynamic_range") -> int:
     return int(CONVERTER_COPIES[quantize] * weight_bytes(model))
 
 
-def available_bytes() -> int:
-    """The memory the kernel says is available now (MemAvailable), else the machine's total."""
-    try:
-        with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-        return info["MemAvailable"]
-    except (OSError, KeyError, ValueError):
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -30,7 +30,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from zoo import quantization, registry
+from zoo import memory, quantization, registry
 from zoo.files import atomic_path
 from zoo.hub import weights
 from zoo.hub.families import FAMILIES
@@ -236,7 +236,7 @@ def load_weights(model, folder, strict=True) -> list[str]:
 
 
 def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, tokenizer=True, adapter=None,
-         quantize=None, **overrides):
+         quantize=None, check_memory=True, **overrides):
     """Build the zoo model a Hugging Face folder (or Hub repo id) describes and load its
     weights and tokenizer, so that published checkpoints train and serve in zoo.
 
@@ -254,6 +254,8 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
             (`zoo.quantization.quantize_base`, bitwise the same). A decoder is built quantized and each
             kernel quantized as its tensor arrives (`zoo.quantization.quantize_into`): no float copy of the
             model at any moment. An encoder loads in float first, then quantizes.
+        check_memory: refuse (`zoo.memory.DoesNotFit`), before anything is read, a load whose plan
+            (`zoo.memory.loading_plan`) needs more memory than is available now, naming the settings that fit.
         **overrides: spec fields that do not change weight shapes (`dropout=0.0`),
             or `num_classes` for a classifier.
 
@@ -290,6 +292,11 @@ def load(repo_id_or_path, task=None, checkpointing=None, dtype=None, name=None, 
     spec = spec.replace(**overrides) if overrides else spec
     streamed = quantize is not None and spec.is_decoder  # its weight map names each quantized layer's tensors
     weights.weight_files(folder)  # weights missing, pickled or cut short: refused before the model is built
+    if check_memory:
+        import keras
+
+        memory.check_loading_fits(spec, task, quantize, dtype or keras.config.dtype_policy().name,
+                                  label=f"{folder.name} ({spec.description})")
     model = build(spec, task=task, checkpointing=checkpointing, dtype=dtype,
                   quantize=quantize if streamed else None, **task_args)
     if streamed:

@@ -8,13 +8,14 @@ has (zoo.memory.measure). docs/memory.md explains the model and its measurements
 from zoo.memory import parts, replicas
 from zoo.memory.budget import default_budget, parse_bytes
 from zoo.memory.estimate import CONFIGS, GiB, MemoryEstimate, choose, estimate, largest_batch, split_config
-from zoo.memory.loading import LoadingPlan, loading_peak, loading_plan
+from zoo.memory.loading import DoesNotFit, LoadingPlan, check_loading_fits, loading_peak, loading_plan
 from zoo.memory.measure import PeakMemory
 from zoo.memory.optimizer_state import OPTIMIZERS, RECIPE_OPTIMIZERS
 from zoo.memory.parts import MASKED_FRACTION, loss_live_bytes, optimizer_state_bytes
 
 __all__ = [
-    "CONFIGS", "MASKED_FRACTION", "OPTIMIZERS", "RECIPE_OPTIMIZERS", "GiB", "LoadingPlan", "MemoryEstimate",
-    "PeakMemory", "choose", "default_budget", "estimate", "largest_batch", "loading_peak", "loading_plan",
-    "loss_live_bytes", "optimizer_state_bytes", "parse_bytes", "parts", "replicas", "split_config",
+    "CONFIGS", "MASKED_FRACTION", "OPTIMIZERS", "RECIPE_OPTIMIZERS", "DoesNotFit", "GiB", "LoadingPlan",
+    "MemoryEstimate", "PeakMemory", "check_loading_fits", "choose", "default_budget", "estimate", "largest_batch",
+    "loading_peak", "loading_plan", "loss_live_bytes", "optimizer_state_bytes", "parse_bytes", "parts", "replicas",
+    "split_config",
 ]

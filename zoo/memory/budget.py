@@ -21,6 +21,16 @@ def default_budget() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def available_bytes() -> int:
+    """The memory the kernel says is available now (MemAvailable), else the machine's total."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return info["MemAvailable"]
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def _gpu_total() -> int:
     """The first GPU's total memory as the driver reports it (nvidia-smi), 0 if unknown."""
     try:

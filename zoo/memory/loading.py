@@ -13,7 +13,8 @@ quantizer's numpy work on them. An encoder with `quantize=` loads in float and i
 from dataclasses import dataclass
 
 from zoo import registry
-from zoo.checks import QUANTIZE_SLICE
+from zoo.checks import QUANTIZATION_MODES, QUANTIZE_SLICE
+from zoo.memory import budget
 from zoo.memory.lora import stored_bytes
 from zoo.shapes import count, variables
 
@@ -73,3 +74,31 @@ def loading_plan(spec, task=None, quantize=None, precision="float32") -> Loading
 def loading_peak(spec, task=None, quantize=None, precision="float32") -> int:
     """`loading_plan(...).total`: bytes."""
     return loading_plan(spec, task, quantize, precision).total
+
+
+class DoesNotFit(MemoryError):
+    """A load this machine's memory cannot hold, refused before anything is read."""
+
+
+def check_loading_fits(spec, task=None, quantize=None, precision="float32", available=None, label="this checkpoint"):
+    """Refuse (`DoesNotFit`) a load whose plan needs more than the memory available now, with the settings that
+    would fit: better than the kernel killing the process halfway through. The plan's runtime is already resident
+    in this process, so what loading adds is compared with what is free."""
+    spec = registry.spec(spec)
+    available = budget.available_bytes() if available is None else available
+
+    def need(q, p):
+        plan = loading_plan(spec, task, q, p)
+        return plan.total - plan.runtime
+
+    needed = need(quantize, precision)
+    if needed <= available:
+        return
+    options = sorted((need(q, p), q, p) for q in (None, *QUANTIZATION_MODES) for p in (precision, "bfloat16")
+                     if (q, p) != (quantize, precision) and not (q and p == "bfloat16" and precision != "bfloat16"))
+    fits = [f"quantize={q!r}, dtype={p!r}: {n / 2**30:.2f} GiB" for n, q, p in options if n <= available]
+    hint = ("Settings that fit: " + "; ".join(dict.fromkeys(fits)) + ".") if fits else (
+        "No quantization or dtype fits; free memory, or use a machine with more.")
+    raise DoesNotFit(f"Loading {label} with quantize={quantize!r}, dtype={precision!r} needs "
+                     f"about {needed / 2**30:.2f} GiB (zoo.memory.loading_plan) and {available / 2**30:.2f} GiB is "
+                     f"available now. {hint} (check_memory=False loads anyway.)")
