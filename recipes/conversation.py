@@ -44,6 +44,15 @@ def tokenizer_and_template(recipe, out_dir) -> tuple[ChatTokenizer, ChatTemplate
     return ChatTokenizer.from_folder(source), chat_template(recipe, out_dir)
 
 
+def shown_row(recipe, data_path, row, read_rows, out_dir=""):
+    """(tokenizer, template, the data's format, its rows) for `--show-mask ROW`, the row number checked."""
+    tokenizer, template = tokenizer_and_template(recipe, out_dir)
+    kind, rows = read_rows(data_path)
+    if not 1 <= row <= len(rows):
+        raise ValueError(f"--show-mask {row}: {data_path} has rows 1 to {len(rows)}.")
+    return tokenizer, template, kind, rows
+
+
 def save_chat(tokenizer, template, folder):
     """The tokenizer and its template into `folder`: what a resumed run and a serving client read back."""
     tokenizer.save(folder)

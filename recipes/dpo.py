@@ -22,7 +22,7 @@ import numpy as np
 import zoo
 from recipes import dpo_data as data
 from recipes import kinds
-from recipes.conversation import save_chat, tokenizer_and_template
+from recipes.conversation import save_chat, shown_row, tokenizer_and_template
 from recipes.kinds import Examples
 from recipes.reference import stored_scores
 
@@ -30,10 +30,7 @@ from recipes.reference import stored_scores
 def show_mask(recipe, data_path, row, out_dir="") -> str:
     """Pair `row` (1-based) of `data_path` as the run will score it: each answer's text with the scored tokens
     between ⟦ and ⟧, and the counts (`zoo train --recipe dpo --show-mask ROW`)."""
-    tokenizer, template = tokenizer_and_template(recipe, out_dir)
-    kind, rows = data.read_rows(data_path)
-    if not 1 <= row <= len(rows):
-        raise ValueError(f"--show-mask {row}: {data_path} has rows 1 to {len(rows)}.")
+    tokenizer, template, kind, rows = shown_row(recipe, data_path, row, data.read_rows, out_dir)
     return f"-- row {row}\n" + data.show_pair(kind, rows, row, template, tokenizer, recipe.chat_template_kwargs,
                                               recipe.completion_mask)
 

@@ -16,7 +16,7 @@ import functools
 
 from recipes import kinds
 from recipes import sft_data as data
-from recipes.conversation import save_chat, tokenizer_and_template
+from recipes.conversation import save_chat, shown_row, tokenizer_and_template
 from recipes.kinds import Examples
 from zoo.chat import EncodedChat
 
@@ -24,10 +24,7 @@ from zoo.chat import EncodedChat
 def show_mask(recipe, data_path, row, out_dir="") -> str:
     """Row `row` (1-based) of `data_path` as the run will train it: the rendered text with the trained tokens
     between ⟦ and ⟧, and the counts (`zoo train --recipe sft --show-mask ROW`)."""
-    tokenizer, template = tokenizer_and_template(recipe, out_dir)
-    kind, rows = data.read_rows(data_path)
-    if not 1 <= row <= len(rows):
-        raise ValueError(f"--show-mask {row}: {data_path} has rows 1 to {len(rows)}.")
+    tokenizer, template, kind, rows = shown_row(recipe, data_path, row, data.read_rows, out_dir)
     data.examples(kind, rows, template, tokenizer, 10**9, recipe.loss_on, numbers=[row],  # refuses, by row, as a run
                   template_kwargs=recipe.chat_template_kwargs)
     eos = template.special_tokens.get("eos_token", "") if template is not None else ""
