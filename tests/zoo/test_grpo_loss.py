@@ -161,6 +161,11 @@ def test_sampling_lays_out_g_completions_per_prompt_as_trl():
     np.testing.assert_array_equal(out["completion_mask"][0], [1] * length + [0] * (4 - length))
     np.testing.assert_array_equal(out["completion_ids"][0], free["completion_ids"][0, :length].tolist()
                                   + [0] * (4 - length))
+    wide = zoo.grpo.sample(model, prompts, settings, stop_token_ids=[stop], sampler="greedy", prompt_multiple=4)
+    assert wide["prompt_ids"].shape == (4, 8) and (wide["completion_ids"] == out["completion_ids"]).all()
+    scored = [completion_logps(model, {k: tf.constant(b[k]) for k in zoo.grpo.BATCH_KEYS}, gradients=False).numpy()
+              for b in (out, wide)]  # more left padding: masked out, and rotary positions shift alike
+    np.testing.assert_allclose(scored[1] * out["completion_mask"], scored[0] * out["completion_mask"], atol=1e-5)
     masked = zoo.grpo.sample(model, prompts, zoo.grpo.Grpo(num_generations=2, max_completion_length=4,
                                                            mask_truncated_completions=True),
                              stop_token_ids=[stop], sampler="greedy")
@@ -212,3 +217,31 @@ def test_int4_base_and_full_checkpointing_train_only_the_adapters_with_the_same_
     variables = {v.path: v for v in model.variables}
     assert [p for p, v in frozen.items() if not np.array_equal(variables[p].numpy(), v)] == []
     assert all(not np.array_equal(v.numpy(), trained[v.path]) for v in model.trainable_variables)
+
+
+def test_the_fused_update_takes_the_step_the_tape_takes():
+    """Full weights, `full` checkpointing, beta 0: under the fused update (each block updated as its gradients
+    appear, after the exact global clip's norm pass) a GRPO step gives the loss, the figures and the weights of the
+    plain update."""
+    import keras
+
+    from tests.common import TINY_DEC
+
+    settings = zoo.grpo.Grpo("grpo", num_generations=2, max_completion_length=5).check()
+    models = []
+    for fused in (False, True):
+        keras.utils.set_random_seed(0)
+        model = zoo.get("dec-base", task="causal_lm", checkpointing="full", **dict(TINY_DEC, vocab_size=61))
+        model.set_fused_update(fused)
+        model.compile(optimizer=keras.optimizers.SGD(0.5, global_clipnorm=0.01), loss=None)
+        models.append(model)
+    batch = zoo.grpo.sample(models[0], [[5, 6, 7], [9, 10, 11, 12]], settings, seed=3)
+    batch = {k: tf.constant(batch[k]) for k in zoo.grpo.BATCH_KEYS}
+    advantages = tf.constant([1.0, -1.0, 0.5, -0.5])
+    before = [v.numpy() for v in models[0].trainable_variables]
+    (plain_loss, plain), (fused_loss, fused) = [zoo.grpo.train_step(m, batch, advantages, settings) for m in models]
+    assert abs(float(plain_loss) - float(fused_loss)) <= 1e-6
+    assert all(abs(float(plain[k]) - float(fused[k])) <= 1e-6 for k in plain)
+    for a, b in zip(models[0].trainable_variables, models[1].trainable_variables):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-6)
+    assert max(np.abs(a.numpy() - s).max() for s, a in zip(before, models[0].trainable_variables)) > 1e-4
