@@ -370,8 +370,7 @@ class GRPO:
         check(self.task == "causal_lm" and not self.supervised and self.preference is None,
               "GRPO trains a decoder (task causal_lm) on sampled completions; it is neither supervised nor "
               "preference tuning.")
-        check(not self.packing and not self.fused, "GRPO runs neither on packed rows nor under the fused update; "
-              "drop packing and --fused.")
+        check(not self.packing, "GRPO does not run on packed rows; drop packing.")
         check(self.accumulation_steps == 1, "GRPO's step is one update on its sampled batch: accumulation_steps=1.")
         self.grpo_settings.check()
         check(not self.beta or self.lora_rank, "GRPO's KL term (beta > 0) is to the base with LoRA's adapters off; "

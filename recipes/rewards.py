@@ -11,8 +11,8 @@ raises (named, with the row it fails on and its error), a NaN or a non-number (n
 the wrong length.
 
 Built in: `numeric_answer` (exact match of the last number after `####` or in `\\boxed{}` with the `answer`
-column, GSM8K-style) and `think_answer_format` (the `<think>...</think><answer>...</answer>` layout;
-`format_reward(pattern)` makes one for another regular expression).
+column, GSM8K-style), `final_answer_format` (the completion ends on `#### N`) and `think_answer_format` (the
+`<think>...</think><answer>...</answer>` layout; `format_reward(pattern)` makes one for another regular expression).
 """
 
 from __future__ import annotations
@@ -198,5 +198,8 @@ def format_reward(pattern, name="format", flags=re.DOTALL):
 
 
 think_answer_format = format_reward(THINK_ANSWER, "think_answer_format")
+final_answer_format = format_reward(r"^.*####\s*-?[\d,]+\.?\d*\s*$", "final_answer_format")
+final_answer_format.__doc__ = """1.0 where the completion ends on a GSM8K-style `#### N` line (what `numeric_answer`
+reads), else 0.0: the format half of an answer reward, which can teach the layout before the answers are right."""
 think_answer_format.__doc__ = """1.0 where the completion is `<think>...</think>` then `<answer>...</answer>` (TRL's
 and DeepSeek-R1's format reward), else 0.0."""

@@ -26,9 +26,11 @@ from zoo import lora
 from zoo.generation import generate_ids
 from zoo.ops.grpo import METRIC_NAMES, check_grpo, group_advantages, grpo_loss
 from zoo.ops.preference import token_logps
+from zoo.training import fused
 from zoo.training.step import attach_step, needs_lm_head
 
 BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+PROMPT_MULTIPLE = 16  # GrpoStep's prompt widths: each new width traces the scoring and the update again (~1 min)
 
 
 def completion_logps(model, batch, training=False, gradients=True, entropy=False, adapters_off=False):
@@ -50,22 +52,31 @@ def completion_logps(model, batch, training=False, gradients=True, entropy=False
     if not hasattr(model, "lm_logits"):
         raise ValueError(f"GRPO scores completions with an LM head; {type(model).__name__} has none (build the "
                          "causal LM: task='causal_lm').")
-    prompt_length = batch["prompt_ids"].shape[1]
-    token_ids = tf.concat([tf.cast(batch["prompt_ids"], tf.int32), tf.cast(batch["completion_ids"], tf.int32)], 1)
-    padding_mask = tf.concat([tf.cast(batch["prompt_mask"], tf.int32), tf.cast(batch["completion_mask"], tf.int32)],
-                             1)
+    x = rows(batch)
 
     def score():
-        hidden = model.backbone({"token_ids": token_ids, "padding_mask": padding_mask},
-                                training=training)["sequence_output"]
-        chunk = model.loss_chunk or None  # 0 (whole logits for the LM loss) has no meaning here
-        return token_logps(hidden[:, prompt_length - 1:-1], model.lm_logits, token_ids[:, prompt_length:], chunk,
-                           gradients, entropy)
+        return logps_of(model, model.backbone(x, training=training), batch, gradients, entropy)
 
     if adapters_off:
         with lora.adapters_off(model):
             return score()
     return score()
+
+
+def rows(batch) -> dict:
+    """The backbone's inputs of a TRL-layout batch: each row prompt then completion, and its padding mask."""
+    ids = tf.concat([tf.cast(batch["prompt_ids"], tf.int32), tf.cast(batch["completion_ids"], tf.int32)], 1)
+    mask = tf.concat([tf.cast(batch["prompt_mask"], tf.int32), tf.cast(batch["completion_mask"], tf.int32)], 1)
+    return {"token_ids": ids, "padding_mask": mask}
+
+
+def logps_of(model, outputs, batch, gradients=True, entropy=False):
+    """The completion tokens' log-probabilities (and entropies) from the backbone's outputs on `rows(batch)`."""
+    prompt_length = batch["prompt_ids"].shape[1]
+    hidden = outputs["sequence_output"]
+    chunk = model.loss_chunk or None  # 0 (whole logits for the LM loss) has no meaning here
+    return token_logps(hidden[:, prompt_length - 1:-1], model.lm_logits, tf.cast(batch["completion_ids"], tf.int32),
+                       chunk, gradients, entropy)
 
 
 @dataclass(frozen=True)
@@ -97,7 +108,7 @@ class Grpo:
 
 
 def sample(model, prompts, settings: Grpo, stop_token_ids=(), pad_id=0, seed=None, sampler="random",
-           **sampler_args) -> dict:
+           prompt_multiple=1, **sampler_args) -> dict:
     """G completions of each prompt from the policy (zoo.generation's key/value cache), in TRL's batch layout.
 
     Args:
@@ -107,6 +118,9 @@ def sample(model, prompts, settings: Grpo, stop_token_ids=(), pad_id=0, seed=Non
         stop_token_ids: the template's end-of-turn and eos tokens (`Chat.stop_ids`): a completion ends after one.
         pad_id: the id padding takes (masked out; any id of the vocabulary).
         seed, sampler, **sampler_args: zoo.generation's (TRL samples the whole softmax: "random", temperature 1).
+        prompt_multiple: the prompts' padded width rounded up to a multiple of this, so that the traced scoring
+            and update see a few prompt widths, not one per batch (the padding is masked out, and rotary positions
+            shifted alike in a row leave its attention as it was).
 
     Returns:
         {"prompt_ids", "prompt_mask"} [N, P] (left-padded), {"completion_ids", "completion_mask"} [N, T] with
@@ -118,7 +132,7 @@ def sample(model, prompts, settings: Grpo, stop_token_ids=(), pad_id=0, seed=Non
     rows = [np.asarray(p, np.int32).reshape(-1) for p in prompts for _ in range(g)]
     out, ends = generate_ids(model, rows, limit, sampler, seed, True, list(stop_token_ids), True, False,
                               sampler_args)
-    longest = max(len(r) for r in rows)
+    longest = -(-max(len(r) for r in rows) // prompt_multiple) * prompt_multiple
     batch = {"prompt_ids": np.full((len(rows), longest), pad_id, np.int32),
              "prompt_mask": np.zeros((len(rows), longest), np.int32),
              "completion_ids": np.full((len(rows), limit), pad_id, np.int32),
@@ -141,19 +155,30 @@ def sample(model, prompts, settings: Grpo, stop_token_ids=(), pad_id=0, seed=Non
 def train_step(model, batch, advantages, settings: Grpo, old_logps=None, ref_logps=None, num_items=None):
     """One optimizer update of `model` (compiled with its optimizer) on a sampled batch: the loss of
     zoo.ops.grpo.grpo_loss on the policy's log-probabilities, its gradients applied. The reference's
-    log-probabilities (beta > 0) are `ref_logps`, or the model with its adapters off, scored here.
+    log-probabilities (beta > 0) are `ref_logps`, or the model with its adapters off, scored here. Under the fused
+    update (full weights, `full` checkpointing: zoo.training.fused) each block is updated as its gradients appear;
+    its walk runs the blocks in training mode (their dropout, where a model has any).
 
     Returns:
         `(loss, metrics)` as grpo_loss's, float32 scalars.
     """
     if settings.beta and ref_logps is None:
         ref_logps = completion_logps(model, batch, gradients=False, adapters_off=True)
+
+    def loss_of(logps, entropies):
+        return grpo_loss(logps, advantages, batch["completion_mask"], old_logps, ref_logps, settings.loss_type,
+                         settings.beta, settings.epsilon, settings.epsilon_high, settings.max_completion_length,
+                         num_items, entropies, settings.bias_correction_kl)
+
+    if getattr(model, "fused_update", None):  # the update block by block inside the backward (full weights)
+        def head_loss(outputs):
+            loss, metrics = loss_of(*logps_of(model, outputs, batch, entropy=True))
+            return loss, (loss, metrics)
+
+        return fused.loss_step(model, rows(batch), head_loss)
     variables = model.trainable_variables
     with tf.GradientTape() as tape:
-        logps, entropies = completion_logps(model, batch, entropy=True)
-        loss, metrics = grpo_loss(logps, advantages, batch["completion_mask"], old_logps, ref_logps,
-                                  settings.loss_type, settings.beta, settings.epsilon, settings.epsilon_high,
-                                  settings.max_completion_length, num_items, entropies, settings.bias_correction_kl)
+        loss, metrics = loss_of(*completion_logps(model, batch, entropy=True))
         scaled = model.optimizer.scale_loss(loss)
     model.optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables))
     return loss, metrics
@@ -231,7 +256,7 @@ class GrpoStep:
         seed = int(np.random.SeedSequence([self.seed, step]).generate_state(1)[0] % 2**31)
         began = time.perf_counter()
         sampled = sample(model, [self.prompts[r] for r in rows], s, self.stop_token_ids, self.pad_id, seed,
-                         self.sampler, **self.sampler_args)
+                         self.sampler, PROMPT_MULTIPLE, **self.sampler_args)
         generation_speed = float(sampled["completion_lengths"].sum()) / max(time.perf_counter() - began, 1e-9)
         per_function, rewards = self.score(np.repeat(rows, s.num_generations), sampled)
         advantages = group_advantages(rewards, s.num_generations, s.scale_rewards)
@@ -265,9 +290,8 @@ def set_grpo(model, step: GrpoStep | None):
     if step is None:
         return attach_step(model, "grpo_step", None)
     needs_lm_head(model, "GRPO samples and scores completions")
-    if getattr(model, "fused_update", None) or getattr(model, "packed", False):
-        raise ValueError("GRPO runs neither under the fused update nor on packed rows: call "
-                         "model.set_fused_update(False) and model.set_packed(False).")
+    if getattr(model, "packed", False):
+        raise ValueError("GRPO does not run on packed rows: call model.set_packed(False).")
     if step.settings.beta and not lora.has_lora(model):
         raise ValueError("beta > 0 takes the KL to the reference, the model with its LoRA adapters off, and this "
                          "model has no LoRA: enable LoRA (zoo.lora.enable_lora), or set beta=0.")

@@ -38,6 +38,8 @@ def test_builtin_rewards():
     assert numeric_answer(None, completions, [1234, "-3.5", 7, "#### 6", "8"]) == [1.0, 1.0, 0.0, 1.0, 1.0]
     assert numeric_answer(None, ["#### 1"], ["no number here"]) == [None]
     assert think_answer_format(None, completions) == [0.0, 0.0, 0.0, 0.0, 1.0]
+    assert rewards.final_answer_format(None, completions + ["So 3 + 4 = 7.\n#### 7\n", "#### 7\nThe answer is 7."]) == [
+        1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
     yes_no = rewards.format_reward(r"^(yes|no)\.$", "yes_no")
     assert rewards.name_of(yes_no) == "yes_no" and yes_no(None, ["yes.", "maybe."]) == [1.0, 0.0]
 

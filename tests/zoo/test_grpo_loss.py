@@ -161,6 +161,11 @@ def test_sampling_lays_out_g_completions_per_prompt_as_trl():
     np.testing.assert_array_equal(out["completion_mask"][0], [1] * length + [0] * (4 - length))
     np.testing.assert_array_equal(out["completion_ids"][0], free["completion_ids"][0, :length].tolist()
                                   + [0] * (4 - length))
+    wide = zoo.grpo.sample(model, prompts, settings, stop_token_ids=[stop], sampler="greedy", prompt_multiple=4)
+    assert wide["prompt_ids"].shape == (4, 8) and (wide["completion_ids"] == out["completion_ids"]).all()
+    scored = [completion_logps(model, {k: tf.constant(b[k]) for k in zoo.grpo.BATCH_KEYS}, gradients=False).numpy()
+              for b in (out, wide)]  # more left padding: masked out, and rotary positions shift alike
+    np.testing.assert_allclose(scored[1] * out["completion_mask"], scored[0] * out["completion_mask"], atol=1e-5)
     masked = zoo.grpo.sample(model, prompts, zoo.grpo.Grpo(num_generations=2, max_completion_length=4,
                                                            mask_truncated_completions=True),
                              stop_token_ids=[stop], sampler="greedy")
@@ -168,3 +173,75 @@ def test_sampling_lays_out_g_completions_per_prompt_as_trl():
         assert masked["completion_mask"][i].sum() == (0 if masked["truncated"][i] else masked["completion_lengths"][i])
     with pytest.raises(ValueError, match="num_generations must be an integer >= 2"):
         zoo.grpo.Grpo(num_generations=1).check()
+
+
+def test_int4_base_and_full_checkpointing_train_only_the_adapters_with_the_same_gradients():
+    """The memory tools under GRPO: on an int4 base with LoRA, `full` checkpointing (the policy applies under the
+    tape, training=False, as TRL's disable_dropout) gives the LoRA gradients `none` gives, the reference being
+    the adapters off; one update moves the adapters and nothing of the int4 base."""
+    import keras
+
+    from tests.common import TINY_DEC
+
+    keras.utils.set_random_seed(0)
+    model = zoo.get("dec-base", task="causal_lm", **dict(TINY_DEC, vocab_size=61))
+    zoo.quantization.quantize_base(model, "int4")
+    zoo.lora.enable_lora(model, rank=4, alpha=8, targets="all-linear")
+    for adapter in zoo.lora.adapters(model).values():  # B starts at zero: give the adapters something to do
+        adapter.lora_kernel_b.assign(tf.random.normal(adapter.lora_kernel_b.shape, stddev=0.1, seed=1))
+    settings = zoo.grpo.Grpo("grpo", beta=0.04, num_generations=2, max_completion_length=5).check()
+    batch = zoo.grpo.sample(model, [[5, 6, 7], [9, 10, 11, 12]], settings, seed=3)
+    batch = {k: tf.constant(batch[k]) for k in zoo.grpo.BATCH_KEYS}
+    advantages = tf.constant([1.0, -1.0, 0.5, -0.5])
+
+    def lora_gradients(policy):
+        model.set_checkpointing(policy)
+        reference = completion_logps(model, batch, gradients=False, adapters_off=True)
+        variables = model.trainable_variables
+        with tf.GradientTape() as tape:
+            logps = completion_logps(model, batch)
+            loss, _ = grpo_loss(logps, advantages, batch["completion_mask"], None, reference, "grpo", 0.04)
+        return [g.numpy() for g in tape.gradient(loss, variables)]
+
+    none, full = lora_gradients("none"), lora_gradients("full")
+    factors = {id(getattr(a, f"lora_kernel_{p}")) for a in zoo.lora.adapters(model).values() for p in "ab"}
+    assert {id(v) for v in model.trainable_variables} == factors  # the adapters' A and B only
+    assert max(np.abs(a).max() for a in none) > 1e-3
+    for a, b in zip(none, full):
+        np.testing.assert_allclose(b, a, atol=1e-6)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=None)
+    frozen = {v.path: v.numpy() for v in model.non_trainable_variables if "seed_generator" not in v.path}
+    assert any(v.dtype == "int8" for v in model.non_trainable_variables)  # int4 packed two to a byte
+    trained = {v.path: v.numpy() for v in model.trainable_variables}
+    zoo.grpo.train_step(model, batch, advantages, settings)
+    variables = {v.path: v for v in model.variables}
+    assert [p for p, v in frozen.items() if not np.array_equal(variables[p].numpy(), v)] == []
+    assert all(not np.array_equal(v.numpy(), trained[v.path]) for v in model.trainable_variables)
+
+
+def test_the_fused_update_takes_the_step_the_tape_takes():
+    """Full weights, `full` checkpointing, beta 0: under the fused update (each block updated as its gradients
+    appear, after the exact global clip's norm pass) a GRPO step gives the loss, the figures and the weights of the
+    plain update."""
+    import keras
+
+    from tests.common import TINY_DEC
+
+    settings = zoo.grpo.Grpo("grpo", num_generations=2, max_completion_length=5).check()
+    models = []
+    for fused in (False, True):
+        keras.utils.set_random_seed(0)
+        model = zoo.get("dec-base", task="causal_lm", checkpointing="full", **dict(TINY_DEC, vocab_size=61))
+        model.set_fused_update(fused)
+        model.compile(optimizer=keras.optimizers.SGD(0.5, global_clipnorm=0.01), loss=None)
+        models.append(model)
+    batch = zoo.grpo.sample(models[0], [[5, 6, 7], [9, 10, 11, 12]], settings, seed=3)
+    batch = {k: tf.constant(batch[k]) for k in zoo.grpo.BATCH_KEYS}
+    advantages = tf.constant([1.0, -1.0, 0.5, -0.5])
+    before = [v.numpy() for v in models[0].trainable_variables]
+    (plain_loss, plain), (fused_loss, fused) = [zoo.grpo.train_step(m, batch, advantages, settings) for m in models]
+    assert abs(float(plain_loss) - float(fused_loss)) <= 1e-6
+    assert all(abs(float(plain[k]) - float(fused[k])) <= 1e-6 for k in plain)
+    for a, b in zip(models[0].trainable_variables, models[1].trainable_variables):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), atol=1e-6)
+    assert max(np.abs(a.numpy() - s).max() for s, a in zip(before, models[0].trainable_variables)) > 1e-4

@@ -444,3 +444,31 @@ def test_non_positive_sizes_are_refused_by_the_api_and_the_cli(flags, message, c
         memory.estimate("dec-1b", 0, 512)
     with pytest.raises(ValueError, match="budget_bytes must be a positive whole number"):
         memory.largest_batch("dec-1b", 512, 0)
+
+
+def test_a_grpo_step_is_its_completions_rows_and_its_sampling(capsys):
+    """grpo=G: batch counts prompts, each G rows of prompt + completion through the step (the chunked scores over
+    the completion's positions only), and the sampling phase before it: the key/value cache of every block plus
+    one block's being replaced, and the prefill's float32 logits beside the compute dtype's."""
+    grpo = memory.estimate(DEC, 2, S, checkpointing="full", task="causal_lm", grpo=2, completion_length=6)
+    sft = memory.estimate(DEC, 4, S, checkpointing="full", task="causal_lm")
+    assert {k: v for k, v in grpo.as_dict().items() if k not in ("logits", "generation", "total")} == {
+        k: v for k, v in sft.as_dict().items() if k not in ("logits", "total")}
+    assert grpo.logits == memory.loss_live_bytes(4, 6, 100)
+    cache = 4 * 2 * S * 2 * 16 * 4  # rows x (keys, values) x positions x KV heads x head_dim x float32
+    assert grpo.generation == 3 * cache + 4 * 10 * 100 * (4 + 4)  # 2 blocks + 1; prompt positions 16 - 6
+    steps = max(grpo.backward_peak, grpo.update_peak)
+    assert grpo.total == grpo.weights + grpo.optimizer + steps > grpo.weights + grpo.optimizer + grpo.generation
+    with pytest.raises(ValueError, match="must be an integer >= 2"):
+        memory.estimate(DEC, 2, S, task="causal_lm", grpo=1, completion_length=6)
+    with pytest.raises(ValueError, match="needs completion_length"):
+        memory.estimate(DEC, 2, S, task="causal_lm", grpo=2, completion_length=S)
+    with pytest.raises(ValueError, match="pass grpo=G"):
+        memory.estimate(DEC, 2, S, task="causal_lm", completion_length=6)
+    with pytest.raises(ValueError, match="without packed rows or preference pairs"):
+        memory.estimate(DEC, 2, S, task="causal_lm", grpo=2, completion_length=6, packed=True)
+    assert main(["plan", "dec-base", "--batch-size", "2", "--sequence-length", "96", "--lora-rank", "16",
+                 "--grpo", "8", "--completion-length", "32", "--checkpointing", "full"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert "GRPO: 8 completions of 32 tokens per prompt" in rows[0] and rows[1].split()[-4:] == [
+        "generation", "total", "max", "batch"]

@@ -40,13 +40,17 @@ def _plan(args):
     targets = args.lora_targets if args.lora_targets in (None, "all-linear") else args.lora_targets.split(",")
     options = {"precision": args.precision, "task": args.task, "optimizer": args.optimizer,
                "weights_dtype": args.weights_dtype, "lora_rank": args.lora_rank, "lora_targets": targets,
-               "quantize": args.quantize, "packed": args.packing, "preference": args.preference}
+               "quantize": args.quantize, "packed": args.packing, "preference": args.preference, "grpo": args.grpo,
+               "completion_length": args.completion_length}
     policy, rounding = checks.weights(args.weights_dtype, args.precision, frozen=lora)
     weights = f", {args.weights_dtype} weights ({rounding} rounding)" if rounding else ""
     adapted = (f"; LoRA r{args.lora_rank} on {args.lora_targets or 'the default targets'}"
                + (f", {args.quantize} base" if args.quantize else "")) if lora else ""
     adapted += "; packed rows (examples numbered in the padding mask)" if args.packing else ""
     adapted += "; preference pairs (--batch-size pairs, two rows each)" if args.preference else ""
+    adapted += (f"; GRPO: {args.grpo} completions of {args.completion_length} tokens per prompt (--batch-size "
+                 f"prompts, --sequence-length prompt + completion), sampled with the key/value cache first"
+                 if args.grpo else "")
     if args.preference:
         configs = [c for c in configs if "fused" not in c]
     if args.replicas > 1:  # every figure below is one replica's, at its slice of the global batch
@@ -57,7 +61,8 @@ def _plan(args):
     else:
         print(f"{args.model}: batch {args.batch_size} x sequence {args.sequence_length}, {policy}{weights}, "
               f"{args.optimizer}{adapted}; budget {budget / GiB:.2f} GiB")
-    print(f"{'config':11s} " + " ".join(f"{c:>9s}" for c in COLUMNS) + f" {'max batch':>9s}")
+    columns = (*COLUMNS[:-1], "generation", COLUMNS[-1]) if args.grpo else COLUMNS
+    print(f"{'config':11s} " + " ".join(f"{c:>9s}" for c in columns) + f" {'max batch':>9s}")
     most = {}
     for config in configs:
         e = estimate(args.model, batch, args.sequence_length, checkpointing=config, **options)
@@ -65,7 +70,7 @@ def _plan(args):
         most[config] = largest_batch(args.model, args.sequence_length, budget, checkpointing=config, **options)
         print(f"{config:11s} {cells} {most[config]:9d}")
     choice, e = choose(args.model, batch, args.sequence_length, budget, configs=configs, **options)
-    print(FORMULA)
+    print(FORMULA + (" ; GRPO: max(that, generation) beside weights + optimizer" if args.grpo else ""))
     if args.replicas > 1:
         print(REPLICA_FORMULA)
         _distribution(args, configs, most, fused_clip, options)
@@ -122,6 +127,11 @@ def register(subparsers):
                    help="rows packed with whole examples (zoo train --recipe sft --packing): per-row positions")
     p.add_argument("--preference", action="store_true",
                    help="a DPO / SimPO step (zoo train --recipe dpo): --batch-size counts pairs, two rows each")
+    p.add_argument("--grpo", type=int, default=None, metavar="G",
+                   help="a GRPO step (zoo train --recipe grpo) with G completions per prompt: --batch-size counts "
+                   "prompts, --sequence-length is prompt + completion")
+    p.add_argument("--completion-length", type=int, default=None,
+                   help="with --grpo: the completion's tokens (--max-completion-length)")
     p.add_argument("--replicas", type=int, default=1,
                    help="data-parallel replicas (devices); --batch-size is then the GLOBAL batch, split evenly")
     p.add_argument("--hosts", type=int, default=1, help="with --replicas: hosts the replicas spread over evenly")

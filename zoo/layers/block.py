@@ -136,8 +136,11 @@ class TransformerBlock(keras.layers.Layer):
         return self._forward(x, mask=padding_mask, masks=masks, training=True, keep_scores=True)[0]
 
     def decode(self, x, padding_mask, cache, cache_index):
-        """Inference with a key/value cache: returns (output, updated cache)."""
-        return self._forward(x, mask=padding_mask, cache=cache, cache_index=cache_index)
+        """Inference with a key/value cache: returns (output, updated cache). Its kernels' dequantized or cast copies
+        wait for its input, as in `call`: otherwise each step of the decode loop makes every block's at once (GRPO's
+        sampling on an int4 base: every block's float32 kernels at each step)."""
+        with tf.control_dependencies([x]):
+            return self._forward(x, mask=padding_mask, cache=cache, cache_index=cache_index)
 
     def _forward(self, x, mask, masks=None, training=False, recompute_core=False, cache=None, cache_index=0,
                  keep_scores=False):

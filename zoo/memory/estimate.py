@@ -52,6 +52,8 @@ class MemoryEstimate:
         the fly (zoo.memory.lora), in both phases. With LoRA, weights are the frozen base as stored
         plus the adapters and a new head, and gradients, optimizer state and the update count
         those trainable variables only.
+    generation: a GRPO step's sampling with the key/value cache (zoo.memory.parts.generation), a phase of its
+        own before the update; 0 for other steps.
     reduce_buffer, block_reduce: with replicas (`estimate(replicas=N)`), the flat copy of the
         gradients the all-reduce packs them into (zoo.memory.replicas): all of them, or fused, the
         embedding's and head's at the end (`reduce_buffer`) and one block's (`block_reduce`).
@@ -61,7 +63,8 @@ class MemoryEstimate:
     and recompute; `loss` the logits; `workspace` the update, block_update, transient, reduce_buffer
     and block_reduce.
 
-    `total` is the peak of a step's two phases, on top of weights and optimizer state:
+    `total` is the peak of a step's two phases (with GRPO three: its sampling first), on top of weights and
+    optimizer state:
     the start of the backward pass (activations + saved_extra + logits + head_gradient; under
     "full", the logits and head gradient or one block's replay, whichever is larger)
     or its end and the update (all gradients + the update's temporaries + recompute),
@@ -87,6 +90,7 @@ class MemoryEstimate:
     reduce_buffer: int = 0
     block_reduce: int = 0
     replay: int = 0
+    generation: int = 0
 
     @property
     def backward_peak(self) -> int:
@@ -108,11 +112,13 @@ class MemoryEstimate:
             steps = max(self.backward_peak, self.walk_peak, self.gradients + max(self.update, self.reduce_buffer))
         else:  # with replicas, the all-reduce comes between the backward pass and the update
             steps = max(self.backward_peak, self.update_peak, self.gradients + self.reduce_buffer)
-        return self.weights + self.optimizer + steps
+        return self.weights + self.optimizer + max(steps, self.generation)
 
     def as_dict(self) -> dict:
         out = asdict(self)
         del out["fused"], out["block_update"], out["reduce_buffer"], out["block_reduce"], out["replay"]
+        if not self.generation:  # a column of GRPO's plans only
+            del out["generation"]
         return {**out, "total": self.total}
 
     def table(self) -> str:
@@ -135,7 +141,8 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
              chunk_size: int | None = None, fused: bool = False, loss_chunk: int | None = None,
              accumulation_steps: int = 1, weights_dtype: str = "float32", lora_rank: int | None = None,
              lora_targets=None, quantize: str | None = None, replicas: int = 1,
-             packed: bool = False, preference: bool = False) -> MemoryEstimate:
+             packed: bool = False, preference: bool = False, grpo: int | None = None,
+             completion_length: int | None = None) -> MemoryEstimate:
     """Bytes one training step holds at its peak, by component: what the TF allocator's
     peak shows for a process that builds the model and the optimizer and trains.
 
@@ -172,6 +179,12 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
             rows (chosen, rejected) through the backbone and the chunked scores (the LM loss's chunks).
             The reference pass (LoRA's adapters off) runs before the policy's, without a tape, and keeps
             only [2 x pairs] scores: it adds nothing to the peak.
+        grpo: a GRPO step (zoo.grpo) with this many completions of each prompt (G): `batch_size` counts prompts,
+            and `sequence_length` is prompt + completion. The step samples the batch x G rows with the
+            key/value cache first (`generation`), scores the reference (the adapters off) and the sampling
+            policy without a tape (they keep [rows, completion] log-probabilities: nothing at the peak), then
+            trains on the rows with the completions' log-probabilities a chunk of positions at a time.
+        completion_length: with `grpo`, the completion's positions (max_completion_length).
 
     Returns:
         A `MemoryEstimate` (bytes per component and `.total`).
@@ -194,6 +207,11 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
             raise ValueError("preference=True plans zoo.preference's step: a causal LM's, without the fused update "
                              "or packed rows.")
         batch_size *= 2  # the chosen and the rejected row of each pair
+    if grpo is not None:
+        _check_grpo(grpo, completion_length, sequence_length, task != "causal_lm" or packed or preference)
+        batch_size *= grpo  # G completions of each prompt
+    elif completion_length is not None:
+        raise ValueError("completion_length plans a GRPO step: pass grpo=G (completions per prompt) too.")
     check_core(attention)
     if packed and not s.is_decoder:
         raise ValueError(f"packed=True: packed rows are for the decoders only (ZooModel.set_packed); "
@@ -206,7 +224,19 @@ def estimate(spec, batch_size: int, sequence_length: int, precision: str | None 
         spec=s, task=task, batch=batch_size, sequence_length=sequence_length, precision=precision,
         rounding=rounding, policy=policy, fused=fused, attention=core, chunk_size=chunk_size, loss_chunk=loss_chunk,
         optimizer=optimizer, accumulation_steps=accumulation_steps, lora=lora,
-        replicas=checks.positive("replicas", replicas), packed=packed))
+        replicas=checks.positive("replicas", replicas), packed=packed, completion_length=completion_length))
+
+
+def _check_grpo(generations, completion_length, sequence_length, other_kind):
+    if other_kind:
+        raise ValueError("grpo= plans zoo.grpo's step: a causal LM's, without packed rows or preference pairs.")
+    if isinstance(generations, bool) or not isinstance(generations, int) or generations < 2:
+        raise ValueError(f"grpo (completions per prompt, G) must be an integer >= 2, got {generations!r}.")
+    if (isinstance(completion_length, bool) or not isinstance(completion_length, int)
+            or not 0 < completion_length < sequence_length):
+        raise ValueError(f"grpo= needs completion_length, the completion's positions, an integer between 1 and "
+                         f"sequence_length - 1 ({sequence_length - 1}): sequence_length is prompt + completion; got "
+                         f"{completion_length!r}.")
 
 
 def assemble(step: parts.Step) -> MemoryEstimate:

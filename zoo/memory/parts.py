@@ -35,6 +35,8 @@ class Step:
     lora: what LoRA and a quantized base change (zoo.memory.lora.plan); None: every variable trains.
     replicas: data-parallel replicas (zoo.memory.replicas).
     packed: rows pack several examples (ZooModel.set_packed).
+    completion_length: a GRPO step (zoo.grpo): the last `completion_length` of each row's positions are the
+        sampled completion, scored a chunk at a time, and sampled first with the key/value cache; None: no GRPO.
     """
 
     spec: ModelSpec
@@ -53,6 +55,7 @@ class Step:
     lora: LoraPlan | None = None
     replicas: int = 1
     packed: bool = False
+    completion_length: int | None = None
 
     @cached_property
     def shapes(self) -> list:
@@ -144,7 +147,7 @@ def loss(step: Step) -> dict:
     """`logits`: float32 logits, their softmax and their gradient alive at once (one chunk of them when the
     causal-LM loss is chunked; a masked LM's at the masked positions only); with LoRA on a quantized base,
     also the head's table as its matmul dequantizes it (zoo.memory.lora)."""
-    s, b, seq = step.spec, step.batch, step.sequence_length
+    s, b, seq = step.spec, step.batch, step.completion_length or step.sequence_length  # GRPO scores completions
     logits = 0
     if step.task == "causal_lm":
         logits = loss_live_bytes(b, seq, s.vocab_size, step.loss_chunk, trainable_head=step.lora is None)
@@ -177,7 +180,23 @@ def workspace(step: Step) -> dict:
             "reduce_buffer": reduce_buffer, "block_reduce": block_reduce}
 
 
-PARTS = (weights, optimizer_state, gradients, activations, loss, workspace)
+def generation(step: Step) -> dict:
+    """A GRPO step's sampling, before its update (zoo.grpo.sample, zoo.generation's cached loop), on top of the
+    weights and optimizer state: the key/value cache ([rows, 2, prompt + completion, KV heads, head_dim] per
+    block, in the compute dtype) and one block's cache more while the loop replaces it, the prefill's logits
+    ([rows, prompt, vocab], float32 beside the compute dtype's), and with LoRA the kernel-sized tensor the largest
+    LoRA or quantized matmul makes on the fly and the head's dequantized table (zoo.memory.lora)."""
+    if not step.completion_length:
+        return {"generation": 0}
+    s, rows, seq, act = step.spec, step.batch, step.sequence_length, _activation_bytes(step.precision)
+    block_cache = rows * 2 * seq * s.num_kv_heads * s.head_dim * act
+    prompt = seq - step.completion_length
+    prefill = rows * prompt * s.vocab_size * (4 + act)
+    transient = step.lora.transient + step.lora.head_transient if step.lora else 0
+    return {"generation": (s.num_layers + 1) * block_cache + prefill + transient}
+
+
+PARTS = (weights, optimizer_state, gradients, activations, loss, workspace, generation)
 
 
 # What the parts share ------------------------------------------------------------

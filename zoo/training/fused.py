@@ -68,8 +68,8 @@ class _Step:
     """One fused training step on one batch: the forward pass (run on construction), then
     backward walks over the blocks (`run`)."""
 
-    def __init__(self, model, clip, x, y, sample_weight):
-        self.model, self.clip = model, clip
+    def __init__(self, model, clip, x, y, sample_weight, head_loss=None):
+        self.model, self.clip, self.head_loss = model, clip, head_loss
         self.optimizer = model.optimizer
         self.inner, self.scaler = keras_optimizer.split_scaling(self.optimizer)
         self.blocks = model.backbone.blocks
@@ -94,8 +94,11 @@ class _Step:
                 h = block.replay(h, self.mask, masks[-1])
         with tf.GradientTape() as head_tape:
             head_tape.watch(h)
-            loss, y_pred = model.training_loss(backbone.final_outputs(h, training=True), x, y, sample_weight)
-            step.track_loss(model, x, loss)
+            if self.head_loss is None:
+                loss, y_pred = model.training_loss(backbone.final_outputs(h, training=True), x, y, sample_weight)
+                step.track_loss(model, x, loss)
+            else:  # another loss on the backbone's outputs (zoo.grpo's): its caller tracks it
+                loss, y_pred = self.head_loss(backbone.final_outputs(h, training=True))
             scaled = self.optimizer.scale_loss(loss)
         d_top, *head_grads = head_tape.gradient(scaled, [h, *self.outer_vars])
         return first, inputs, masks, d_top, head_grads, y_pred
@@ -200,6 +203,19 @@ class _Step:
         if self.scaler is not None:
             keras_optimizer.skip_step(self.scaler)
         return tf.constant(False)
+
+
+def loss_step(model, x, head_loss):
+    """The fused update on a loss other than the model's own: `head_loss(the backbone's outputs) -> (loss, extra)`
+    on inputs `x` ({"token_ids", "padding_mask"}), with the model's clip mode (`set_fused_update`). zoo.grpo's
+    step runs here under the fused update. Returns `extra`."""
+    check_fusable(model)
+    check_optimizer(model.optimizer)
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    fused_step = _Step(model, model.fused_update or "global", x, None, None, head_loss)
+    fused_step.run()
+    return fused_step.y_pred
 
 
 def train_step(model, data, clip="global"):
