@@ -52,7 +52,7 @@ def completion_logps(model, batch, training=False, gradients=True, entropy=False
     if not hasattr(model, "lm_logits"):
         raise ValueError(f"GRPO scores completions with an LM head; {type(model).__name__} has none (build the "
                          "causal LM: task='causal_lm').")
-    x = rows(batch)
+    x = backbone_inputs(batch)
 
     def score():
         return logps_of(model, model.backbone(x, training=training), batch, gradients, entropy)
@@ -63,7 +63,7 @@ def completion_logps(model, batch, training=False, gradients=True, entropy=False
     return score()
 
 
-def rows(batch) -> dict:
+def backbone_inputs(batch) -> dict:
     """The backbone's inputs of a TRL-layout batch: each row prompt then completion, and its padding mask."""
     ids = tf.concat([tf.cast(batch["prompt_ids"], tf.int32), tf.cast(batch["completion_ids"], tf.int32)], 1)
     mask = tf.concat([tf.cast(batch["prompt_mask"], tf.int32), tf.cast(batch["completion_mask"], tf.int32)], 1)
@@ -71,7 +71,8 @@ def rows(batch) -> dict:
 
 
 def logps_of(model, outputs, batch, gradients=True, entropy=False):
-    """The completion tokens' log-probabilities (and entropies) from the backbone's outputs on `rows(batch)`."""
+    """The completion tokens' log-probabilities (and entropies) from the backbone's outputs on
+    `backbone_inputs(batch)`."""
     prompt_length = batch["prompt_ids"].shape[1]
     hidden = outputs["sequence_output"]
     chunk = model.loss_chunk or None  # 0 (whole logits for the LM loss) has no meaning here
@@ -175,7 +176,7 @@ def train_step(model, batch, advantages, settings: Grpo, old_logps=None, ref_log
             loss, metrics = loss_of(*logps_of(model, outputs, batch, entropy=True))
             return loss, (loss, metrics)
 
-        return fused.loss_step(model, rows(batch), head_loss)
+        return fused.loss_step(model, backbone_inputs(batch), head_loss)
     variables = model.trainable_variables
     with tf.GradientTape() as tape:
         loss, metrics = loss_of(*completion_logps(model, batch, entropy=True))

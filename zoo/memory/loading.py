@@ -94,10 +94,11 @@ def check_loading_fits(spec, task=None, quantize=None, precision="float32", avai
     needed = need(quantize, precision)
     if needed <= available:
         return
-    options = sorted((need(q, p), q, p) for q in (None, *QUANTIZATION_MODES) for p in (precision, "bfloat16")
-                     if (q, p) != (quantize, precision) and not (q and p == "bfloat16" and precision != "bfloat16"))
+    # each quantization at the asked dtype, and the float model in bfloat16
+    settings = dict.fromkeys([(q, precision) for q in (None, *QUANTIZATION_MODES)] + [(None, "bfloat16")])
+    options = sorted((need(q, p), q, p) for q, p in settings if (q, p) != (quantize, precision))
     fits = [f"quantize={q!r}, dtype={p!r}: {n / 2**30:.2f} GiB" for n, q, p in options if n <= available]
-    hint = ("Settings that fit: " + "; ".join(dict.fromkeys(fits)) + ".") if fits else (
+    hint = ("Settings that fit: " + "; ".join(fits) + ".") if fits else (
         "No quantization or dtype fits; free memory, or use a machine with more.")
     raise DoesNotFit(f"Loading {label} with quantize={quantize!r}, dtype={precision!r} needs "
                      f"about {needed / 2**30:.2f} GiB (zoo.memory.loading_plan) and {available / 2**30:.2f} GiB is "
