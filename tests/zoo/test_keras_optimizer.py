@@ -42,3 +42,23 @@ def test_every_private_name_zoo_and_recipes_use_is_listed():
     keras_names = {name for name in used if any(hasattr(owner, name) for owner in OWNERS.values())}
     assert {"_apply_weight_decay", "_var_key", "_get_variable_index"} <= keras_names
     assert keras_names <= listed, sorted(keras_names - listed)
+
+
+def test_the_first_fit_traces_the_step_once(monkeypatch):
+    """Keras' TensorFlow trainer builds the optimizer inside the first trace, and TensorFlow then traces the step
+    again as a function that makes no variables (ZooModel.make_train_function builds it before)."""
+    import keras
+    import numpy as np
+
+    import zoo
+    from tests.common import TINY_DEC
+    from zoo.models.base import ZooModel
+
+    traces = []
+    train_step = ZooModel.train_step
+    monkeypatch.setattr(ZooModel, "train_step", lambda self, data: traces.append(1) or train_step(self, data))
+    model = zoo.get("dec-base", **TINY_DEC, max_sequence_length=16)
+    model.compile(optimizer="adamw", loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)})
+    x = {"token_ids": np.ones((2, 16), "int32"), "padding_mask": np.ones((2, 16), "int32")}
+    model.fit(x, {"logits": np.ones((2, 16), "int32")}, batch_size=2, verbose=0)
+    assert model.optimizer.built and len(traces) == 1, len(traces)

@@ -196,6 +196,16 @@ class ZooModel(keras.Model):
         extra = [m for s in (self.preference_step, self.grpo_step) if s is not None for m in s.metrics]
         return super().metrics + extra
 
+    def make_train_function(self, force=False):
+        """Keras' own, with the optimizer built first. With no distribution strategy, Keras' TensorFlow trainer
+        builds the optimizer inside the step's first trace; TensorFlow then traces the whole step a second time,
+        as a function that makes no variables: twice the first step's tracing time and graph memory (a tiny
+        decoder's first `fit` 3.5 s against 1.7). Built here, the step is traced once."""
+        if self.optimizer is not None and not self.optimizer.built and self.built:
+            with self.distribute_strategy.scope():
+                self.optimizer.build(self.trainable_variables)
+        return super().make_train_function(force)
+
     def train_step(self, data):
         """Which training step runs is decided here, and only here: GRPO's when `zoo.grpo.set_grpo` set
         one; preference pairs' when `zoo.preference.set_preference` set one; the fused update when
