@@ -16,15 +16,19 @@ import pytest
 
 from tools.assets import AssetUnavailable, fetch
 
-# The longest files, longest first (worker-seconds on 2 cores, --durations=0, 2026-12-06 10:48 on an AVX-512 EPYC):
-# pytest-xdist's --dist loadfile hands out files in collection order, so a long file collected last kept one worker
-# busy minutes after the other had finished.
+# The longest files, longest first (worker-seconds, --durations, 2026-12-06 16:16 on an AVX-512 EPYC): pytest-xdist's
+# --dist loadfile hands out files in the order it is given, one at a time to the worker that is free, so a long file
+# handed out last keeps one worker busy minutes after the other has finished. xdist's own default order (the files
+# with the most tests first) put the few-test, subprocess-heavy files last: pyproject.toml turns it off
+# (--no-loadscope-reorder) so that this order stands.
 LONGEST_FIRST = ["test_measure.py", "test_recompute.py", "test_multi_worker.py", "test_distribute.py",
-                 "test_export.py", "test_fused_precision.py", "test_recipes.py", "test_lora.py", "test_hub_real.py",
-                 "test_generation.py", "test_export_stand_in.py", "test_loading_big.py", "test_preference_step.py",
-                 "test_lora_recipes.py", "test_device_check.py", "test_resume.py", "test_export_generate.py",
-                 "test_fused_recipes.py", "test_dpo.py", "test_lm_loss.py", "test_every_recipe.py", "test_sft.py",
-                 "test_pretrained.py", "test_optimizers.py", "test_export_litert.py", "test_packing.py"]
+                 "test_fused_precision.py", "test_recipes.py", "test_resume.py", "test_lora.py", "test_dpo.py",
+                 "test_device_check.py", "test_loading_big.py", "test_lora_recipes.py", "test_export.py",
+                 "test_hub_real.py", "test_optimizers.py", "test_export_generate.py", "test_generation.py",
+                 "test_preference_step.py", "test_export_stand_in.py", "test_pretrained.py", "test_export_litert.py",
+                 "test_sft.py", "test_lm_loss.py", "test_cli_generate.py", "test_quantized_head.py",
+                 "test_trained_positions.py", "test_packing.py", "test_generation_batch.py", "test_fused.py",
+                 "test_fused_recipes.py", "test_every_recipe.py"]
 
 
 def pytest_collection_modifyitems(items):
