@@ -18,13 +18,14 @@ LOGITS_COPIES = 3  # [B, c, vocab] float32 tensors alive in a chunk: logits, sof
 # the loss and its d hidden (dec-1b's head, 4 x 1024, 1 x 2048 and 8 x 512, the allocator's peak over the step's).
 FROZEN_HEAD_COPIES = 2
 FLOAT16_SCALE = 2.0**10  # see chunked_lm_loss: float16 gradients made before the loss scale is known
-# trained_only: the chunks are at most 1/TRAINED_CHUNKS of the sequence, so that the head runs on at most that
-# fraction of the positions beyond the trained ones; more chunks add a head-sized gradient sum each (full training).
+# trained_only: the fine chunks are at most 1/TRAINED_CHUNKS of the sequence, so that the head runs on at most that
+# fraction of the positions beyond the trained ones; more chunks add a head call each (HEAD_CALL_POSITIONS).
 TRAINED_CHUNKS = 8
 # What a head call costs beyond its positions, as positions of head work (the table's cast, and with a trained
-# head its gradient's cast and sum): measured 25-60 on 2 AVX-512 cores (qwen2.5-0.5b's tied head, mixed_bfloat16).
-# It picks trained_only's chunks (`_TrainedFirst.fine_is_cheaper`); set above the measure, so that the finer
-# chunks are taken only where they cost less on any machine whose fixed cost is below it.
+# head its gradient's cast and sum): measured 29 with LoRA and 24 fully trained (qwen2.5-0.5b's tied head,
+# mixed_bfloat16, batch 1 x 512 every position trained: 8 calls against 2; 2 AVX-512 cores, contended). It picks
+# trained_only's chunks (`_TrainedFirst.fine_is_cheaper`); set above the measure, so that the fine chunks are
+# taken only where they cost less on any machine whose fixed cost is below it.
 HEAD_CALL_POSITIONS = 128
 
 
@@ -167,8 +168,9 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, o
         trained_only: with `sample_weight`, the head runs only where the weight is not 0 (a chat's
             assistant tokens: prompt, system and padding positions are dropped before the head): the
             positions are reordered trained-first and the chunks past the last trained one are skipped
-            (`trained_first`). Same loss and gradients: the skipped terms are multiplied by 0. False:
-            every position, as without weights.
+            (`trained_first`), in fine chunks or in the every-position loss's, whichever costs less for the
+            batch (`_TrainedFirst.fine_is_cheaper`). Same loss and gradients: the skipped terms are multiplied
+            by 0. False: every position, as without weights.
 
     Returns:
         A float32 scalar, differentiable w.r.t. `hidden` and the head's variables.
