@@ -23,7 +23,9 @@ positions: the chat path's LM head on trained positions only (zoo.ops.lm_loss `t
 position, on the headline conversations padded to rows (prompts are most of the tokens; the table says how
 many), for each model in --models with LoRA r16 on every projection and with every weight trained (random
 weights of the registered shape, the SmolLM2 tokenizer's ids): trained (assistant) tokens/s before and after,
-in one fresh process per row, the same batches for both, the median step after the first (tracing).
+in one fresh process per row, the two variants' steps alternating on the same batches (which one goes first
+alternates too, so that a change in the machine's load falls on both), the median step after each one's
+first (tracing).
 Each part prints a table and one JSON line.
 """
 
@@ -220,8 +222,8 @@ def _positions(a):
 
 
 def _positions_child(model, lora, folder, data, batch, seq, steps, precision, checkpointing, num_layers):
-    """Trained tokens/s of `steps` SFT steps on the same padded batches, the head on every position, then on the
-    trained ones only (one model: the second run retraces), and what the batches hold."""
+    """Trained tokens/s of `steps` SFT steps on the same padded batches, the head on every position and on the
+    trained ones only (one model, both compiled steps kept, their steps alternating), and what the batches hold."""
     import statistics
     import time
 
@@ -242,14 +244,21 @@ def _positions_child(model, lora, folder, data, batch, seq, steps, precision, ch
                        lora_targets="all-linear" if lora else None, num_layers=num_layers)
     result = {"prompt_fraction": 1 - trained / real, "padding_fraction": 1 - real / (steps * batch * seq),
               "trained_tokens_per_batch": trained / steps}
+    functions = {}  # both variants' steps on one model, alternating, so that a change of load falls on both
     for name, trained_only in (("every_position", False), ("trained_only", True)):
-        m.set_loss_chunk(None, trained_only=trained_only)
-        seconds = []
-        for x, y, w in batches:
+        m.set_loss_chunk(None, trained_only=trained_only)  # drops the compiled step: the next call traces anew
+        x, y, w = batches[0]
+        m.train_on_batch(x, y, sample_weight=w)  # traced now, while the model's setting is this variant's
+        functions[name] = m.train_function
+    seconds = {name: [] for name in functions}
+    for i, (x, y, w) in enumerate(batches[1:]):
+        for name in list(functions)[::1 if i % 2 == 0 else -1]:  # which goes first alternates too
+            m.train_function = functions[name]
             start = time.perf_counter()
             m.train_on_batch(x, y, sample_weight=w)
-            seconds.append(time.perf_counter() - start)
-        step = statistics.median(seconds[1:])
+            seconds[name].append(time.perf_counter() - start)
+    for name, times in seconds.items():
+        step = statistics.median(times)
         result[name] = trained / steps / step
         result[f"{name}_step_s"] = step
     return result

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import zoo
 from tests.common import TINY_DEC
+from zoo.ops import lm_loss
 from zoo.ops.lm_loss import chunked_lm_loss, trained_chunk, trained_first
 
 VOCAB, BATCH, SEQ = 97, 3, 24
@@ -86,23 +87,25 @@ def test_tf_function_and_xla(jit_compile):
 
 
 def counting_head(model):
-    """The model's head, and a variable that counts the positions it computes when the step runs."""
-    computed = tf.Variable(0, dtype=tf.int64)
+    """The model's head, and variables that count the positions it computes and its calls when the step runs."""
+    computed, calls = tf.Variable(0, dtype=tf.int64), tf.Variable(0, dtype=tf.int64)
 
     def head(h):
+        calls.assign_add(tf.cast(tf.reduce_prod(tf.shape(h)[:-1]) > 0, tf.int64))  # not the variables' probe
         computed.assign_add(tf.cast(tf.reduce_prod(tf.shape(h)[:-1]), tf.int64))
         return model.lm_logits(h)
 
-    return head, computed
+    return head, computed, calls
 
 
-def test_the_head_runs_only_on_the_chunks_that_hold_trained_positions():
+def test_the_head_runs_only_on_the_chunks_that_hold_trained_positions(monkeypatch):
     """12 trained of 72: trained-first in chunks of 3 positions a row (SEQ / 8), the head runs on 2 chunks
     (18 positions), not 72; every chunk again with trained_only=False."""
+    monkeypatch.setattr(lm_loss, "HEAD_CALL_POSITIONS", 0)  # the fine chunks whatever a head call costs
     model = decoder(True)
     x, y, w = chat_batch()
     hidden = model.backbone(x)["sequence_output"]
-    head, computed = counting_head(model)
+    head, computed, _ = counting_head(model)
     for trained_only, expected in ((True, 2 * BATCH * trained_chunk(SEQ, 8)), (False, BATCH * SEQ)):
         computed.assign(0)
         tf.function(lambda h, t=trained_only: chunked_lm_loss(h, head, y, 8, w, trained_only=t))(hidden)
@@ -110,6 +113,30 @@ def test_the_head_runs_only_on_the_chunks_that_hold_trained_positions():
     order, rank, count = (t.numpy() for t in trained_first(w))
     assert count == 12 and np.array_equal(order[rank], np.arange(BATCH * SEQ))
     assert np.all(w.reshape(-1)[order[:count]] > 0) and not np.any(w.reshape(-1)[order[count:]])
+
+
+@pytest.mark.parametrize("trained, call_positions, expected", [
+    ("all", 128, (BATCH * SEQ, 3)), ("most", 128, (BATCH * 16, 2)), ("few", 128, (BATCH * 8, 1)),
+    ("few", 2, (BATCH * 6, 2))])
+def test_trained_only_never_calls_the_head_more_than_every_position(monkeypatch, trained, call_positions, expected):
+    """Where most positions are trained, the fine chunks (3 a row) would call the head more often than the
+    every-position loss (chunks of 8): the coarse chunks are taken then, and the fine ones where a batch trains
+    few positions (each call weighed as HEAD_CALL_POSITIONS positions). Same loss either way."""
+    monkeypatch.setattr(lm_loss, "HEAD_CALL_POSITIONS", call_positions)
+    model = decoder(True)
+    x, y, w = chat_batch()
+    w = {"all": np.ones_like(w), "most": np.where(np.arange(SEQ) < 16, 1.0, 0.0) * np.ones_like(w), "few": w}[trained]
+    hidden = model.backbone(x)["sequence_output"]
+    head, positions, calls = counting_head(model)
+    figures = {}
+    for trained_only in (False, True):
+        positions.assign(0), calls.assign(0)
+        loss = tf.function(lambda h, t=trained_only: chunked_lm_loss(h, head, y, 8, w, trained_only=t))(hidden)
+        figures[trained_only] = float(loss), int(positions.numpy()), int(calls.numpy())
+    (every_loss, every_positions, every_calls), (loss, got_positions, got_calls) = figures[False], figures[True]
+    assert loss == pytest.approx(every_loss, rel=1e-6)
+    assert (every_positions, every_calls) == (BATCH * SEQ, 3)
+    assert (got_positions, got_calls) == expected
 
 
 def test_the_models_steps_give_the_full_heads_loss_metrics_and_update():

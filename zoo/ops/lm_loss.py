@@ -18,9 +18,15 @@ LOGITS_COPIES = 3  # [B, c, vocab] float32 tensors alive in a chunk: logits, sof
 # the loss and its d hidden (dec-1b's head, 4 x 1024, 1 x 2048 and 8 x 512, the allocator's peak over the step's).
 FROZEN_HEAD_COPIES = 2
 FLOAT16_SCALE = 2.0**10  # see chunked_lm_loss: float16 gradients made before the loss scale is known
-# trained_only: the chunks are at most 1/TRAINED_CHUNKS of the sequence, so that the head runs on at most that
-# fraction of the positions beyond the trained ones; more chunks add a head-sized gradient sum each (full training).
+# trained_only: the fine chunks are at most 1/TRAINED_CHUNKS of the sequence, so that the head runs on at most that
+# fraction of the positions beyond the trained ones; more chunks add a head call each (HEAD_CALL_POSITIONS).
 TRAINED_CHUNKS = 8
+# What a head call costs beyond its positions, as positions of head work (the table's cast, and with a trained
+# head its gradient's cast and sum): measured 29 with LoRA and 24 fully trained (qwen2.5-0.5b's tied head,
+# mixed_bfloat16, batch 1 x 512 every position trained: 8 calls against 2; 2 AVX-512 cores, contended). It picks
+# trained_only's chunks (`_TrainedFirst.fine_is_cheaper`); set above the measure, so that the fine chunks are
+# taken only where they cost less on any machine whose fixed cost is below it.
+HEAD_CALL_POSITIONS = 128
 
 
 def check_chunk(chunk_size):
@@ -85,9 +91,9 @@ def trained_first(weights):
 
 
 def trained_chunk(seq, chunk_size) -> int:
-    """Positions per row of a chunk when the trained positions are moved to the front: at most `chunk_size`
-    and at most 1/TRAINED_CHUNKS of the sequence, so that the head runs on at most one chunk beyond the last
-    trained position (B x this many positions: 1/TRAINED_CHUNKS of the batch)."""
+    """Positions per row of the fine chunks when the trained positions are moved to the front: at most
+    `chunk_size` and at most 1/TRAINED_CHUNKS of the sequence, so that the head runs on at most one chunk beyond
+    the last trained position (B x this many positions: 1/TRAINED_CHUNKS of the batch)."""
     return max(1, min(chunk_size, -(-seq // TRAINED_CHUNKS)))
 
 
@@ -114,6 +120,19 @@ class _TrainedFirst:
     def needed(self, start):
         """Whether the chunk starting at column `start` holds a trained slot."""
         return start * self.batch < self.count
+
+    def fine_is_cheaper(self, fine, coarse):
+        """Whether chunks of `fine` columns cost less than chunks of `coarse` on this batch's trained slots:
+        each run chunk costs HEAD_CALL_POSITIONS plus its positions. Fewer, larger chunks win where most slots
+        are trained (the coarse chunks are the every-position loss's, so trained_only never runs more head
+        calls nor more positions than it), fine ones where a chunk of `coarse` would be mostly untrained."""
+        columns = -(-self.count // self.batch)
+
+        def cost(c):
+            chunks = tf.maximum(1, -(-columns // c))  # the first chunk always runs
+            return chunks * HEAD_CALL_POSITIONS + self.batch * tf.minimum(chunks * c, self.seq)
+
+        return cost(fine) <= cost(coarse)
 
 
 def _weights(sample_weight, labels):
@@ -149,8 +168,9 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, o
         trained_only: with `sample_weight`, the head runs only where the weight is not 0 (a chat's
             assistant tokens: prompt, system and padding positions are dropped before the head): the
             positions are reordered trained-first and the chunks past the last trained one are skipped
-            (`trained_first`). Same loss and gradients: the skipped terms are multiplied by 0. False:
-            every position, as without weights.
+            (`trained_first`), in fine chunks or in the every-position loss's, whichever costs less for the
+            batch (`_TrainedFirst.fine_is_cheaper`). Same loss and gradients: the skipped terms are multiplied
+            by 0. False: every position, as without weights.
 
     Returns:
         A float32 scalar, differentiable w.r.t. `hidden` and the head's variables.
@@ -167,12 +187,11 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, o
     if weights is not None and trained_only:
         reordered = _TrainedFirst(weights, seq)
         labels, weights = reordered.gather(labels), reordered.gather(weights)
-        c = trained_chunk(seq, c)
 
     def in_slots(h):
         return h if reordered is None else reordered.gather(h)
 
-    def pieces(start):
+    def pieces(start, c):
         return labels[:, start:start + c], None if weights is None else weights[:, start:start + c]
 
     def in_turn(start, run, skip, state):
@@ -181,23 +200,36 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, o
             return run(state)
         return tf.cond(reordered.needed(start), lambda: run(state), lambda: skip(state))
 
+    def by_plan(walk):
+        """`walk(c)` over chunks of c positions a row. Trained-first, a cond picks the fine chunks
+        (`trained_chunk`) or the every-position loss's, whichever `fine_is_cheaper` says for this batch."""
+        fine = c if reordered is None else trained_chunk(seq, c)
+        if fine == c:
+            return walk(c)
+        return tf.cond(reordered.fine_is_cheaper(fine, c), lambda: walk(fine), lambda: walk(c))
+
     def metrics_done(total, labels_i, logits, weights_i):
         seen = tuple(on_chunk(labels_i, logits, weights_i) or ()) if on_chunk is not None else ()
         return after(total, *seen)  # the next chunk (which waits for the total) starts once they are done
 
     if not gradients:  # evaluation: the same chunks, one after another, and no gradient made
-        total, slots = tf.constant(0.0), in_slots(hidden)
-        for start in range(0, seq, c):
-            def run(total, start=start):
-                h_i = after(slots[:, start:start + c], total)
-                labels_i, weights_i = pieces(start)
-                logits = tf.cast(head(h_i), tf.float32)
-                per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels_i, logits=logits)
-                total += tf.reduce_sum(per if weights_i is None else per * weights_i)
-                return metrics_done(total, labels_i, logits, weights_i)
+        slots = in_slots(hidden)
 
-            total = in_turn(start, run, lambda total: total, total)
-        return total * scale
+        def evaluate(c):
+            total = tf.constant(0.0)
+            for start in range(0, seq, c):
+                def run(total, start=start):
+                    h_i = after(slots[:, start:start + c], total)
+                    labels_i, weights_i = pieces(start, c)
+                    logits = tf.cast(head(h_i), tf.float32)
+                    per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels_i, logits=logits)
+                    total += tf.reduce_sum(per if weights_i is None else per * weights_i)
+                    return metrics_done(total, labels_i, logits, weights_i)
+
+                total = in_turn(start, run, lambda total: total, total)
+            return total
+
+        return by_plan(evaluate) * scale
 
     # The chunks' gradients are made in the forward pass, before Keras' loss scale is known. In
     # float16, d hidden of a mean over B·S positions would underflow there: it is made for a loss
@@ -207,36 +239,42 @@ def chunked_lm_loss(hidden, head, labels, chunk_size=None, sample_weight=None, o
     @tf.custom_gradient
     def loss_fn(h):
         h = in_slots(h)  # d hidden is made here in the slots' order and put back in place below
-        state = (tf.constant(0.0), None, [])  # the first chunk's gradients start the sums of the head's
-        d_chunks = []
-        for start in range(0, seq, c):
-            def run(state, start=start):
-                total, previous_d_h, d_vars = state
-                h_i = after(h[:, start:start + c], total, *([] if previous_d_h is None else [previous_d_h]),
-                            *d_vars)
-                labels_i, weights_i = pieces(start)
-                # The head's weight reads (and casts) wait for the chunk too, or every chunk's would be made at once.
-                with tf.GradientTape(watch_accessed_variables=False) as tape, tf.control_dependencies([h_i]):
-                    tape.watch(h_i)
-                    tape.watch(head_variables)
-                    logits = tf.cast(head(h_i), tf.float32)
-                    per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels_i, logits=logits)
-                    chunk = tf.reduce_sum(per if weights_i is None else per * weights_i)
-                    scaled = chunk * (scale * inner)
-                d_h, *grads = tape.gradient(scaled, [h_i, *head_variables], unconnected_gradients="zero")
-                grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
-                d_vars = grads if not d_vars else [acc + g for acc, g in zip(d_vars, grads)]
-                return metrics_done(total + chunk, labels_i, logits, weights_i), d_h, d_vars
 
-            def skip(state, start=start):
-                total, _, d_vars = state
-                h_i = h[:, start:start + c]
-                return total, unfolded_zeros(tf.shape(h_i), h_i.dtype, total), d_vars
+        def train(c):
+            """(total, d hidden in the slots' order, the head's gradients) over chunks of c positions a row."""
+            state = (tf.constant(0.0), None, [])  # the first chunk's gradients start the sums of the head's
+            d_chunks = []
+            for start in range(0, seq, c):
+                def run(state, start=start):
+                    total, previous_d_h, d_vars = state
+                    h_i = after(h[:, start:start + c], total, *([] if previous_d_h is None else [previous_d_h]),
+                                *d_vars)
+                    labels_i, weights_i = pieces(start, c)
+                    # The head's weight reads (and casts) wait for the chunk too, or every chunk's would be made
+                    # at once.
+                    with tf.GradientTape(watch_accessed_variables=False) as tape, tf.control_dependencies([h_i]):
+                        tape.watch(h_i)
+                        tape.watch(head_variables)
+                        logits = tf.cast(head(h_i), tf.float32)
+                        per = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels_i, logits=logits)
+                        chunk = tf.reduce_sum(per if weights_i is None else per * weights_i)
+                        scaled = chunk * (scale * inner)
+                    d_h, *grads = tape.gradient(scaled, [h_i, *head_variables], unconnected_gradients="zero")
+                    grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
+                    d_vars = grads if not d_vars else [acc + g for acc, g in zip(d_vars, grads)]
+                    return metrics_done(total + chunk, labels_i, logits, weights_i), d_h, d_vars
 
-            state = in_turn(start, run, skip, state)
-            d_chunks.append(state[1])
-        total, _, d_vars = state
-        d_hidden = tf.concat(d_chunks, axis=1)
+                def skip(state, start=start):
+                    total, _, d_vars = state
+                    h_i = h[:, start:start + c]
+                    return total, unfolded_zeros(tf.shape(h_i), h_i.dtype, total), d_vars
+
+                state = in_turn(start, run, skip, state)
+                d_chunks.append(state[1])
+            total, _, d_vars = state
+            return total, tf.concat(d_chunks, axis=1), d_vars
+
+        total, d_hidden, d_vars = by_plan(train)
         if reordered is not None:
             d_hidden = reordered.scatter(d_hidden)  # back to the positions (those never trained get 0)
 
