@@ -186,6 +186,38 @@ def test_gradient_memory_is_chunk_sized():
         assert peaks[name] <= chunk_bytes + 3 * grads, peaks
 
 
+@pytest.mark.memory
+def test_the_logged_entropy_adds_one_rows_logits_at_most():
+    """GRPO's update takes the per-token log-probabilities and TRL's logged entropy under a tape (frozen head: LoRA)
+    or rebuilds each chunk in the backward (trainable head). The entropy is taken a row at a time before each chunk's
+    cross-entropy: one row's [chunk, vocab] temporary more, not a chunk's nor every chunk's."""
+    batch, seq, vocab, hidden, chunk = 3, 512, 8000, 64, 64
+    keras.utils.set_random_seed(0)
+    head = keras.layers.Dense(vocab, use_bias=False)
+    head.build((None, None, hidden))
+    h = tf.random.normal([batch, seq, hidden])
+    y = tf.random.uniform([batch, seq], 0, vocab, tf.int32)
+
+    def step(h):
+        with tf.GradientTape() as tape:
+            tape.watch(h)
+            logps, entropies = token_logps(h, head, y, chunk, entropy=True)
+            loss = tf.reduce_sum(logps * tf.constant([[1.0], [-2.0], [0.5]]))
+        grads = tape.gradient(loss, [h, *head.trainable_variables])
+        return loss, tf.reduce_sum(entropies), [tf.reduce_sum(g) for g in grads]
+
+    one_chunk = batch * chunk * vocab * 4  # [batch, chunk, vocab] float32: 5.9 MiB
+    for trainable in (True, False):
+        head.trainable = trainable
+        traced = tf.function(step)  # traced per head: token_logps reads its trainable variables when traced
+        peak = allocator_peak(lambda: float(traced(h)[0]), repeats=2)
+        print(f"\ntrainable head {trainable}: {peak / one_chunk:.2f} chunks")
+        # Measured (oneDNN on and off), in chunks: 2.2-3.1 without the entropy (the logits, their softmax gradient,
+        # the head's matmul gradient), 3.1-3.44 with it (one row of three more). The whole chunk's entropy ordered
+        # the same way peaked at 4.5-4.8, the log-softmax read beside the cross-entropy at 6.5-10.0.
+        assert peak <= 3.75 * one_chunk, (trainable, peak / one_chunk)
+
+
 # --- parity with TRL ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def expected():

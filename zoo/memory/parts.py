@@ -146,7 +146,10 @@ def activations(step: Step) -> dict:
 def loss(step: Step) -> dict:
     """`logits`: float32 logits, their softmax and their gradient alive at once (one chunk of them when the
     causal-LM loss is chunked; a masked LM's at the masked positions only); with LoRA on a quantized base,
-    also the head's table as its matmul dequantizes it (zoo.memory.lora)."""
+    also the head's table as its matmul dequantizes it (zoo.memory.lora). A GRPO step's chunks are its
+    completion's positions, scored as the loss scores them: the entropy TRL logs adds one row's [chunk, vocab]
+    temporary before the chunk's cross-entropy, beside the logits alone (zoo.ops.preference._entropy), below
+    the chunk's peak (measured at dec-base's shape: the update's peak with and without it equal)."""
     s, b, seq = step.spec, step.batch, step.completion_length or step.sequence_length  # GRPO scores completions
     logits = 0
     if step.task == "causal_lm":

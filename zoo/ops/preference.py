@@ -34,14 +34,33 @@ METRIC_NAMES = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rew
                 "logps/rejected")
 
 
+def _entropy(logits):
+    """Each position's entropy, log-sum-exp less the softmax-weighted mean logit, with no gradient: a row of the
+    batch at a time where the batch is static (a row is a slice of the logits' buffer, not a copy), so that its
+    [c, vocab] temporary is all the entropy adds."""
+    def of(z):
+        lse = tf.reduce_logsumexp(z, axis=-1)
+        return lse - tf.reduce_sum(tf.exp(z - lse[..., None]) * z, axis=-1)
+
+    z = tf.stop_gradient(logits)
+    if z.shape[0] is None:
+        return of(z)
+    return tf.stack([of(z[b]) for b in range(z.shape[0])])
+
+
 def _chunk_logps(head, h_i, labels_i, entropy=False):
-    """(log p(label) [B, c] float32, the entropy of each position's distribution [B, c] or None)."""
+    """(log p(label) [B, c] float32, the entropy of each position's distribution [B, c] or None).
+
+    The entropy (`_entropy`) is taken before the cross-entropy, which waits for it: the cross-entropy then writes
+    its [B, c, vocab] softmax gradient over the logits' buffer, their last reader, as without the entropy. A
+    log-softmax and its exp of the whole chunk read beside the cross-entropy held 1.5 chunks' [B, c, vocab] more at
+    the GRPO update's peak (0.37 GiB at 16 x 85 x 49152) and 3.4-6.9 more at tests/zoo/test_preference.py's shape
+    (docs/grpo.md)."""
     logits = tf.cast(head(h_i), tf.float32)
-    logps = -tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels_i, logits=logits)
-    if not entropy:
-        return logps, None
-    log_probs = tf.nn.log_softmax(tf.stop_gradient(logits))
-    return logps, -tf.reduce_sum(tf.exp(log_probs) * log_probs, axis=-1)
+    chunk_entropy = _entropy(logits) if entropy else None
+    with tf.control_dependencies([chunk_entropy] if entropy else []):
+        logps = -tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels_i, logits=logits)
+    return logps, chunk_entropy
 
 
 def token_logps(hidden, head, labels, chunk_size=None, gradients=True, entropy=False):
