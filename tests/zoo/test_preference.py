@@ -145,16 +145,24 @@ def test_sequence_logps_mixed_bfloat16(head):
         assert relative(r, g) < 2e-2
 
 
+MEMORY_SHAPE = (3, 512, 8000, 64, 64)  # batch, positions, vocabulary, hidden, chunk: the memory tests' shape
+
+
+def memory_inputs():
+    """(head, hidden states, labels) at MEMORY_SHAPE: the whole float32 logits 47 MiB, a chunk's 5.9 MiB."""
+    batch, seq, vocab, hidden, _ = MEMORY_SHAPE
+    keras.utils.set_random_seed(0)
+    head = keras.layers.Dense(vocab, use_bias=False)
+    head.build((None, None, hidden))
+    return head, tf.random.normal([batch, seq, hidden]), tf.random.uniform([batch, seq], 0, vocab, tf.int32)
+
+
 @pytest.mark.memory
 def test_gradient_memory_is_chunk_sized():
     """Allocator peak of a tf.function gradient computation: the whole logits are 3 x 512 x 8000 float32
     (47 MiB); the chunked log-probabilities hold a chunk's, with a trainable head and with a frozen one."""
-    batch, seq, vocab, hidden, chunk = 3, 512, 8000, 64, 64
-    keras.utils.set_random_seed(0)
-    head = keras.layers.Dense(vocab, use_bias=False)
-    head.build((None, None, hidden))
-    h = tf.random.normal([batch, seq, hidden])
-    y = tf.random.uniform([batch, seq], 0, vocab, tf.int32)
+    batch, seq, vocab, hidden, chunk = MEMORY_SHAPE
+    head, h, y = memory_inputs()
     w = tf.ones([batch, seq])
 
     def peak(logps_fn):
@@ -191,12 +199,8 @@ def test_the_logged_entropy_adds_one_rows_logits_at_most():
     """GRPO's update takes the per-token log-probabilities and TRL's logged entropy under a tape (frozen head: LoRA)
     or rebuilds each chunk in the backward (trainable head). The entropy is taken a row at a time before each chunk's
     cross-entropy: one row's [chunk, vocab] temporary more, not a chunk's nor every chunk's."""
-    batch, seq, vocab, hidden, chunk = 3, 512, 8000, 64, 64
-    keras.utils.set_random_seed(0)
-    head = keras.layers.Dense(vocab, use_bias=False)
-    head.build((None, None, hidden))
-    h = tf.random.normal([batch, seq, hidden])
-    y = tf.random.uniform([batch, seq], 0, vocab, tf.int32)
+    batch, seq, vocab, hidden, chunk = MEMORY_SHAPE
+    head, h, y = memory_inputs()
 
     def step(h):
         with tf.GradientTape() as tape:
