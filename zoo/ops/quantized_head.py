@@ -55,8 +55,10 @@ def int8_logits(hidden, layer):
             d_flat = tf.reshape(tf.cast(d_logits, tf.float32), [-1, vocab])
             d_h = None
             for begin, end in bounds:
-                rows, scales = piece(begin, end, d_flat if d_h is None else d_h)  # not ahead of this chunk's turn
-                d_part = tf.cast(d_flat[:, begin:end] / scales, dtype)
+                turn = d_flat if d_h is None else d_h  # the last slice's product: one slice's copies at a time
+                rows, scales = piece(begin, end, turn)
+                with tf.control_dependencies([turn]):  # a column slice is a copy: else every slice's at once
+                    d_part = tf.cast(d_flat[:, begin:end] / scales, dtype)
                 part = tf.cast(tf.matmul(d_part, rows, transpose_b=not tied), tf.float32)
                 d_h = part if d_h is None else d_h + part
             return tf.cast(tf.reshape(d_h, tf.shape(h)), h.dtype), [None] * len(variables or [])
