@@ -10,6 +10,8 @@ dtype, then the float32 logits divided by each row's scale (Keras' int8 rows are
 
 import tensorflow as tf
 
+from zoo.ops.ordering import unfolded_zeros
+
 SLICE_BYTES = 64 * 2**20  # one slice of the table in the compute dtype
 
 
@@ -45,11 +47,15 @@ def int8_logits(hidden, layer):
     @tf.custom_gradient
     def logits_of(h):
         flat = tf.reshape(tf.cast(h, dtype), [-1, width])
-        parts = []
+        # Each slice's logits are written into one buffer in place (its only reader is the next write): a concat
+        # of the pieces would hold them all beside its output, two copies of the logits.
+        logits = unfolded_zeros(tf.stack([tf.shape(flat)[0], vocab]), tf.float32, flat)
         for begin, end in bounds:
-            rows, scales = piece(begin, end, *(parts[-1:] or [flat]))  # the first once the hidden states exist
-            parts.append(tf.cast(tf.matmul(flat, rows, transpose_b=tied), tf.float32) / scales)
-        logits = tf.reshape(tf.concat(parts, axis=-1), tf.concat([tf.shape(h)[:-1], [vocab]], 0))
+            rows, scales = piece(begin, end, logits)  # the first once the hidden states exist, then in turn
+            part = tf.cast(tf.matmul(flat, rows, transpose_b=tied), tf.float32) / scales
+            logits = tf.raw_ops.TensorStridedSliceUpdate(input=logits, begin=[0, begin], end=[0, end], strides=[1, 1],
+                                                         value=part, begin_mask=1, end_mask=1)
+        logits = tf.reshape(logits, tf.concat([tf.shape(h)[:-1], [vocab]], 0))
 
         def grad(d_logits, variables=None):
             d_flat = tf.reshape(tf.cast(d_logits, tf.float32), [-1, vocab])
