@@ -47,14 +47,14 @@ def int8_logits(hidden, layer):
     @tf.custom_gradient
     def logits_of(h):
         flat = tf.reshape(tf.cast(h, dtype), [-1, width])
-        # Each slice's logits are written into one buffer in place (its only reader is the next write): a concat
-        # of the pieces would hold them all beside its output, two copies of the logits.
-        logits = unfolded_zeros(tf.stack([tf.shape(flat)[0], vocab]), tf.float32, flat)
+        # Several slices' logits are written into one buffer in place (its only reader is the next write): a concat
+        # of the pieces would hold them all beside its output, two copies of the logits. One slice is the logits.
+        logits = flat if len(bounds) == 1 else unfolded_zeros(tf.stack([tf.shape(flat)[0], vocab]), tf.float32, flat)
         for begin, end in bounds:
             rows, scales = piece(begin, end, logits)  # the first once the hidden states exist, then in turn
             part = tf.cast(tf.matmul(flat, rows, transpose_b=tied), tf.float32) / scales
-            logits = tf.raw_ops.TensorStridedSliceUpdate(input=logits, begin=[0, begin], end=[0, end], strides=[1, 1],
-                                                         value=part, begin_mask=1, end_mask=1)
+            logits = part if len(bounds) == 1 else tf.raw_ops.TensorStridedSliceUpdate(
+                input=logits, begin=[0, begin], end=[0, end], strides=[1, 1], value=part, begin_mask=1, end_mask=1)
         logits = tf.reshape(logits, tf.concat([tf.shape(h)[:-1], [vocab]], 0))
 
         def grad(d_logits, variables=None):
