@@ -10,6 +10,8 @@ dtype, then the float32 logits divided by each row's scale (Keras' int8 rows are
 
 import tensorflow as tf
 
+from zoo.ops.ordering import unfolded_zeros
+
 SLICE_BYTES = 64 * 2**20  # one slice of the table in the compute dtype
 
 
@@ -45,18 +47,24 @@ def int8_logits(hidden, layer):
     @tf.custom_gradient
     def logits_of(h):
         flat = tf.reshape(tf.cast(h, dtype), [-1, width])
-        parts = []
+        # Several slices' logits are written into one buffer in place (its only reader is the next write): a concat
+        # of the pieces would hold them all beside its output, two copies of the logits. One slice is the logits.
+        logits = flat if len(bounds) == 1 else unfolded_zeros(tf.stack([tf.shape(flat)[0], vocab]), tf.float32, flat)
         for begin, end in bounds:
-            rows, scales = piece(begin, end, *(parts[-1:] or [flat]))  # the first once the hidden states exist
-            parts.append(tf.cast(tf.matmul(flat, rows, transpose_b=tied), tf.float32) / scales)
-        logits = tf.reshape(tf.concat(parts, axis=-1), tf.concat([tf.shape(h)[:-1], [vocab]], 0))
+            rows, scales = piece(begin, end, logits)  # the first once the hidden states exist, then in turn
+            part = tf.cast(tf.matmul(flat, rows, transpose_b=tied), tf.float32) / scales
+            logits = part if len(bounds) == 1 else tf.raw_ops.TensorStridedSliceUpdate(
+                input=logits, begin=[0, begin], end=[0, end], strides=[1, 1], value=part, begin_mask=1, end_mask=1)
+        logits = tf.reshape(logits, tf.concat([tf.shape(h)[:-1], [vocab]], 0))
 
         def grad(d_logits, variables=None):
             d_flat = tf.reshape(tf.cast(d_logits, tf.float32), [-1, vocab])
             d_h = None
             for begin, end in bounds:
-                rows, scales = piece(begin, end, d_flat if d_h is None else d_h)  # not ahead of this chunk's turn
-                d_part = tf.cast(d_flat[:, begin:end] / scales, dtype)
+                turn = d_flat if d_h is None else d_h  # the last slice's product: one slice's copies at a time
+                rows, scales = piece(begin, end, turn)
+                with tf.control_dependencies([turn]):  # a column slice is a copy: else every slice's at once
+                    d_part = tf.cast(d_flat[:, begin:end] / scales, dtype)
                 part = tf.cast(tf.matmul(d_part, rows, transpose_b=not tied), tf.float32)
                 d_h = part if d_h is None else d_h + part
             return tf.cast(tf.reshape(d_h, tf.shape(h)), h.dtype), [None] * len(variables or [])
