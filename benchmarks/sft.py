@@ -198,7 +198,7 @@ def _positions(a):
     work = Path(a.work or tempfile.mkdtemp(prefix="sft-positions-"))
     folder, data = _prepare(work, a.conversations)
     print(f"{'model':13s} {'train':5s} {'prompt':>7s} {'padding':>8s} {'all tok/s':>10s} {'trained tok/s':>14s} "
-          f"{'x':>6s}  status", flush=True)
+          f"{'x':>6s} {'cpu s/step':>13s}  status", flush=True)
     rows = []
     for model in a.models.split(","):
         for lora in (True, False):
@@ -213,9 +213,11 @@ def _positions(a):
             if run.ok:
                 before, after = row["every_position"], row["trained_only"]
                 print(f"{model:13s} {train:5s} {row['prompt_fraction']:7.1%} {row['padding_fraction']:8.1%} "
-                      f"{before:10.1f} {after:14.1f} {after / before:6.2f}  ok", flush=True)
+                      f"{before:10.1f} {after:14.1f} {after / before:6.2f} "
+                      f"{row['every_position_step_cpu_s']:6.1f}/{row['trained_only_step_cpu_s']:<6.1f}  ok", flush=True)
             else:
-                print(f"{model:13s} {train:5s} {'-':>7s} {'-':>8s} {'-':>10s} {'-':>14s} {'-':>6s}  {row['status']}",
+                print(f"{model:13s} {train:5s} {'-':>7s} {'-':>8s} {'-':>10s} {'-':>14s} {'-':>6s} {'-':>13s}  "
+                      f"{row['status']}",
                       flush=True)
     return {"benchmark": "sft_positions", "batch": a.batch_size, "sequence_length": a.sequence_length,
             "steps": a.steps, "precision": a.precision, "checkpointing": a.checkpointing, "results": rows}
@@ -251,16 +253,20 @@ def _positions_child(model, lora, folder, data, batch, seq, steps, precision, ch
         m.train_on_batch(x, y, sample_weight=w)  # traced now, while the model's setting is this variant's
         functions[name] = m.train_function
     seconds = {name: [] for name in functions}
+    cpu_seconds = {name: [] for name in functions}  # the process's CPU time: the work, whatever else ran
     for i, (x, y, w) in enumerate(batches[1:]):
         for name in list(functions)[::1 if i % 2 == 0 else -1]:  # which goes first alternates too
             m.train_function = functions[name]
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             m.train_on_batch(x, y, sample_weight=w)
             seconds[name].append(time.perf_counter() - start)
+            cpu_seconds[name].append(time.process_time() - cpu)
     for name, times in seconds.items():
         step = statistics.median(times)
         result[name] = trained / steps / step
         result[f"{name}_step_s"] = step
+        result[f"{name}_step_cpu_s"] = statistics.median(cpu_seconds[name])
+        result[f"{name}_steps_s"] = [round(t, 2) for t in times]  # each step's wall time, to see a load change
     return result
 
 
