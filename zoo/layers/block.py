@@ -19,6 +19,7 @@ from zoo.layers.feedforward import FeedForward
 from zoo.layers.norm import make_norm
 from zoo.ops.attention_core import attention_keep
 from zoo.ops.dropout import Masks, dropout_keep, stateless_dropout
+from zoo.ops.ordering import residual
 from zoo.ops.recompute import policy_name, recompute
 
 
@@ -158,14 +159,14 @@ class TransformerBlock(keras.layers.Layer):
         if self.placement != "post":  # x = x + attn(norm(x)); x = x + ffn(norm(x)), sandwich: norm() around both
             h, new_cache = attend(x if self.attention_norm is None else self.attention_norm(x))
             h = h if self.post_attention_norm is None else self.post_attention_norm(h)
-            x = x + drop(h, site=1)
+            x = residual(x, drop(h, site=1))
             h = self.ffn(self.ffn_norm(x))
             h = h if self.post_ffn_norm is None else self.post_ffn_norm(h)
-            x = x + drop(h, site=2)
+            x = residual(x, drop(h, site=2))
         else:  # BERT: x = norm(x + attn(x)); x = norm(x + ffn(x))
             h, new_cache = attend(x)
-            x = self.attention_norm(x + drop(h, site=1))
-            x = self.ffn_norm(x + drop(self.ffn(x), site=2))
+            x = self.attention_norm(residual(x, drop(h, site=1)))
+            x = self.ffn_norm(residual(x, drop(self.ffn(x), site=2)))
         return x, new_cache
 
     def get_config(self):

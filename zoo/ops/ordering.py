@@ -9,7 +9,7 @@ cannot decide (`where(b == b, 0, nan)` of d's first element cast to bool; NaN ca
 the zero is a zero whatever d holds).
 
 The same zero, broadcast, makes large zeros that Grappler cannot fold into constants
-(`unfolded_zeros`).
+(`unfolded_zeros`); read from a tensor, it gives that tensor a second reader (`residual`).
 """
 
 import tensorflow as tf
@@ -34,3 +34,14 @@ def unfolded_zeros(shape, dtype, like):
     into a graph constant, whose buffer lives as long as the function: a loop accumulator of a
     layer's size, once per layer and per recomputation, stayed allocated for the whole run."""
     return tf.broadcast_to(tf.cast(_zero(like), dtype), shape)
+
+
+def residual(x, h):
+    """`x + h` (a residual connection), kept an add of two. Where `h` is itself a sum read by nothing else (a LoRA
+    projection on a quantized base returns base + s·A·B), Grappler's arithmetic optimizer merges the two adds into
+    one AddN of three, and for a float32 or float16 AddN of three or more that it finds live at its estimated peak,
+    its memory optimizer accumulates into a temporary variable instead, initialised from a ZerosLike that constant
+    folding turns into a graph constant of the block's output size, held as long as the traced step exists: one
+    per block (dec-base float32 at 16 x 256: 9.6 MiB a block, 0.28 GiB at 30 blocks, measured with TensorFlow's
+    profiler). Reading `h` once more (its first element, for `after`'s zero) keeps it an add of its own."""
+    return after(x + h, h)
