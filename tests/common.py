@@ -25,15 +25,12 @@ def allocator_peak(run, repeats=5):
     (measured: 20 MiB steps at 25-32 MiB, more often after other tests in the process); what the
     schedule holds is in every call, so the least call is the measurement. The tests' processes always
     have the allocator's statistics (tests/conftest.py), whatever the CPU and oneDNN."""
-    import gc
-
     from zoo.memory import PeakMemory
     from zoo.memory.measure import ALLOCATOR
 
     run()
     peaks = []
     for _ in range(repeats):
-        gc.collect()  # an earlier test's garbage (tensors, a tf.data iterator's prefetch thread) freed before, not during
         with PeakMemory("CPU:0") as peak:
             run()
         assert peak.measure == ALLOCATOR, peak.measure
