@@ -50,7 +50,8 @@ def test_every_block_adds_its_two_branches_through_residual(monkeypatch):
 
     monkeypatch.setattr(block, "residual", counted)
     keras.utils.set_random_seed(0)
-    for name, spec in (("dec-base", TINY_DEC), ("enc-base", {k: v for k, v in TINY_DEC.items() if k != "num_kv_heads"})):
+    encoder = {k: v for k, v in TINY_DEC.items() if k != "num_kv_heads"}
+    for name, spec in (("dec-base", TINY_DEC), ("enc-base", encoder)):
         calls.clear()
         model = zoo.get(name, checkpointing="full", **spec)
         x = {"token_ids": tf.zeros((2, 8), "int32"), "padding_mask": tf.ones((2, 8), "int32")}
