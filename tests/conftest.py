@@ -9,8 +9,13 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
 # One inter-op thread: TensorFlow's executor then runs a graph's ready ops in one order, so an allocator peak is
 # the same from call to call (two inter-op threads on 2 busy cores ran ops early and moved a fused step's peak by
-# 2 MB, failing a CI run; the strategy and multi-worker tests pass with it). Kernels still use every core.
+# 2 MB, failing a CI run; the strategy and multi-worker tests pass with it).
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+# One intra-op thread too: pytest runs two workers on a 2-core machine (and the subprocess tests more processes),
+# so a kernel split across both cores only waits for the other worker's. Whole suite, alone, 2-core AVX-512 EPYC,
+# 2026-12-06: 624 s (user 1,102 s) with TensorFlow's default, 576 s (user 1,023 s) with one thread. Subprocesses
+# started from the tests inherit it.
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
 import keras
 import pytest
