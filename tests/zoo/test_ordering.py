@@ -41,6 +41,21 @@ def test_the_summand_keeps_a_second_reader_and_the_sum_is_exact():
     assert len(readers) == 2, [op.name for op in readers]  # the residual add, and the zero's read of its first element
 
 
+def test_a_summand_that_is_not_an_add_is_read_once():
+    """Nothing can merge with a matmul's output, so `residual` adds no read there (it costs a step time)."""
+    x, w = tf.ones((2, 4)), tf.ones((4, 4))
+
+    @tf.function
+    def step(x, w):
+        return residual(x, tf.matmul(x, w))
+
+    np.testing.assert_array_equal(step(x, w), np.full((2, 4), 5.0, "float32"))
+    graph = step.get_concrete_function(x, w).graph
+    product = next(op for op in graph.get_operations() if op.type == "MatMul")
+    readers = [op for op in graph.get_operations() if any(t is product.outputs[0] for t in op.inputs)]
+    assert [op.type for op in readers] == ["AddV2"], [op.name for op in readers]
+
+
 def test_every_block_adds_its_two_branches_through_residual(monkeypatch):
     calls = []
 
