@@ -42,10 +42,10 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
 
 
-_FREEZE_GC = os.environ.get("ZOO_TEST_GC_FREEZE", "1")
-if _FREEZE_GC not in ("0", "1"):
-    raise pytest.UsageError(f"ZOO_TEST_GC_FREEZE={_FREEZE_GC!r}: use 1 (the default: freeze) or 0 (do not).")
-_FREEZE_GC = _FREEZE_GC == "1"
+if os.environ.get("ZOO_TEST_GC_FREEZE", "1") not in ("0", "1"):
+    raise pytest.UsageError(f"ZOO_TEST_GC_FREEZE={os.environ['ZOO_TEST_GC_FREEZE']!r}: use 1 (the default: freeze) "
+                            "or 0 (do not).")
+_FREEZE_GC = os.environ.get("ZOO_TEST_GC_FREEZE", "1") == "1"
 _module_of_last_test = []
 
 

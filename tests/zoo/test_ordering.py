@@ -42,7 +42,7 @@ def test_the_summand_keeps_a_second_reader_and_the_sum_is_exact():
 
 
 def test_a_summand_that_is_not_an_add_is_read_once():
-    """Nothing can merge with a matmul's output, so `residual` adds no read there (it costs a step time)."""
+    """Nothing can merge with a matmul's output, so `residual` adds no read there."""
     x, w = tf.ones((2, 4)), tf.ones((4, 4))
 
     @tf.function

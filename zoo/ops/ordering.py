@@ -44,7 +44,8 @@ def residual(x, h):
     folding turns into a graph constant of the block's output size, held as long as the traced step exists: one
     per block (dec-base float32 at 16 x 256: 9.6 MiB a block, 0.28 GiB at 30 blocks, measured with TensorFlow's
     profiler). Reading `h` once more (its first element, for `after`'s zero) keeps it an add of its own. Only where
-    `h` is an add in a graph: elsewhere nothing can merge, and the extra read would cost every step for nothing."""
+    `h` is an add in a graph: elsewhere there is no merge to prevent, so the extra read is left out (no suite-time
+    change was measured either way: 10:29 with it everywhere, 10:27 before it)."""
     if _is_graph_sum(h):
         return after(x + h, h)
     return x + h
