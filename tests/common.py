@@ -4,6 +4,7 @@ Every unit test shrinks a registered model to a tiny shape; full-size models are
 exercised in benchmarks/ only.
 """
 
+import os
 from pathlib import Path
 
 import keras
@@ -16,6 +17,13 @@ TINY_DEC = dict(TINY, num_kv_heads=2)  # grouped-query attention: 2 query heads 
 # Recipes train a vocabulary of 512 on real text.
 TINY_RECIPE = dict(TINY, vocab_size=512)
 TINY_RECIPE_DEC = dict(TINY_RECIPE, num_kv_heads=2)
+
+
+def fresh_process_env(without=(), **changes):
+    """The environment of a fresh Python process a test starts: this one's without pytest-xdist's PYTEST_*
+    variables (the child is not a worker) and the names in `without`, the repository importable, then `changes`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_") and k not in without}
+    return {**env, "PYTHONPATH": str(REPO), **changes}
 
 
 def allocator_peak(run, repeats=5):

@@ -7,7 +7,6 @@ before zoo was imported with no BFC allocator, where the measure falls back to p
 """
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from tests.common import REPO
+from tests.common import REPO, fresh_process_env
 from zoo.memory import PeakMemory
 from zoo.memory.measure import ALLOCATOR, RSS
 
@@ -34,9 +33,9 @@ print(json.dumps({{"measure": peak.measure, "used": peak.used_bytes, "peak": pea
 
 
 def run_child(prelude, **env):
-    environ = {k: v for k, v in os.environ.items() if k not in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_ENABLE_ONEDNN_OPTS")}
+    environ = fresh_process_env(without=("TF_CPU_ALLOCATOR_USE_BFC", "TF_ENABLE_ONEDNN_OPTS"), **env)
     done = subprocess.run([sys.executable, "-c", CHILD.format(prelude=prelude)], capture_output=True, text=True,
-                          env={**environ, "PYTHONPATH": str(REPO), **env}, timeout=300)
+                          env=environ, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -101,8 +100,7 @@ def test_memory_tests_hold_with_onednn_flipped(request):
     suite itself runs as this CPU's TensorFlow picks (on with AVX-512 VNNI / AMX, off elsewhere), so on every machine
     the allocator bounds are checked under both kernels libraries, whose workspaces differ."""
     flipped = "0" if onednn_on() else "1"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # not an xdist worker's
-    env.update(TF_ENABLE_ONEDNN_OPTS=flipped, PYTHONPATH=str(REPO))
+    env = fresh_process_env(TF_ENABLE_ONEDNN_OPTS=flipped)
     files = sorted(str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("test_*.py")
                    if "mark.memory" in path.read_text())  # collecting only these: the rest's imports cost seconds
     done = subprocess.run([sys.executable, "-m", "pytest", *files, "-m", "memory", "-o", "addopts=", "-q",

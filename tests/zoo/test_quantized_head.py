@@ -2,7 +2,6 @@
 the vocabulary at a time (zoo.ops.quantized_head): the logits and the hidden states' gradient equal Keras' own int8
 head, and the whole table is never cast at once."""
 
-import os
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import zoo
-from tests.common import REPO, TINY_DEC, allocator_peak
+from tests.common import REPO, TINY_DEC, allocator_peak, fresh_process_env
 from zoo.ops import quantized_head
 from zoo.quantization import quantize_base
 
@@ -116,11 +115,9 @@ def test_the_forward_writes_each_slices_logits_in_place():
     128.2-128.3 MiB (2.05 logits, every write a copy) in three whole-suite runs on 2026-12-06 (with and without
     that day's other changes) and 72-80 MiB in every fresh or memory-tests-only process; which earlier test turns
     TensorFlow's buffer forwarding off for the writes is not found yet (docs/grpo.md)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env["PYTHONPATH"] = str(REPO)
     done = subprocess.run([sys.executable, "-c", "from tests.zoo.test_quantized_head import forward_peak; "
-                           "print('peak', forward_peak())"], capture_output=True, text=True, env=env, cwd=REPO,
-                          timeout=300)
+                           "print('peak', forward_peak())"], capture_output=True, text=True, env=fresh_process_env(),
+                          cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     peak = int(done.stdout.split("peak")[-1])
     logits_bytes = 2048 * 8000 * 4
