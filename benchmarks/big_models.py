@@ -15,7 +15,7 @@ the path before issue 36 (load in float, then `zoo.quantization.quantize_base`) 
 
 step: one QLoRA step (LoRA r16 on every linear projection, `full` checkpointing, mixed_bfloat16, AdamW,
 global clip 1.0) on the checkpoint loaded into int4, timed, with the allocator peak against
-`zoo.memory.estimate`. Prints a table and one JSON line.
+`zoo.memory.estimate` and the process's peak RSS against `zoo.memory.step_resident`. Prints a table and one JSON line.
 """
 
 import argparse
@@ -120,11 +120,13 @@ def plan(name, quantize, dtype):
 
 
 def planned_step(name, quantize, dtype, batch, seq, rank=16, loss_chunk=None):
-    """zoo.memory.estimate of the step `measure` takes (the allocator's peak, the built model included)."""
+    """(allocator GiB, RSS GiB): zoo.memory.estimate of the step `measure` takes (the allocator's peak, the built
+    model included) and zoo.memory.step_resident of its process (the peak RSS)."""
     from zoo import memory
 
-    return memory.estimate(name, batch, seq, dtype, "full", loss_chunk=loss_chunk, lora_rank=rank,
-                           lora_targets="all-linear", quantize=quantize).total / GiB
+    step = memory.estimate(name, batch, seq, dtype, "full", loss_chunk=loss_chunk, lora_rank=rank,
+                           lora_targets="all-linear", quantize=quantize)
+    return step.total / GiB, memory.step_resident(name, step, "causal_lm", quantize, dtype).total / GiB
 
 
 def main():
@@ -173,10 +175,13 @@ def main():
         result = {"model": a.model, "quantize": a.quantize, "dtype": a.dtype, "checkpoint_gib": size, "rows": rows,
                   "planned_loading_peak_gib": plan(a.model, a.quantize, a.dtype)}
         if a.what == "step":
-            result["planned_step_gib"] = planned_step(a.model, a.quantize, a.dtype, a.batch, a.seq,
-                                                  loss_chunk=a.loss_chunk)
+            result["planned_step_gib"], result["planned_step_rss_gib"] = planned_step(
+                a.model, a.quantize, a.dtype, a.batch, a.seq, loss_chunk=a.loss_chunk)
             result["loss_chunk"] = a.loss_chunk
-            print(f"planned step (allocator peak) {result['planned_step_gib']:.2f} GiB")
+            r = rows["step"]
+            print(f"planned step: allocator peak {result['planned_step_gib']:.2f} GiB (measured "
+                  f"{r.get('alloc_peak_gib', float('nan')):.2f}), peak RSS {result['planned_step_rss_gib']:.2f} GiB "
+                  f"(measured {r.get('peak_rss_gib', float('nan')):.2f})")
         print(f"planned loading peak {result['planned_loading_peak_gib']:.2f} GiB")
         print(json.dumps(result))
     finally:

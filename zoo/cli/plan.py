@@ -13,6 +13,7 @@ from zoo.memory import (
     loading_plan,
     parse_bytes,
     replicas,
+    step_resident,
 )
 
 # The estimate's components in `MemoryEstimate.as_dict()` order, and how `total` adds them up
@@ -76,7 +77,20 @@ def _plan(args):
         _distribution(args, configs, most, fused_clip, options)
     loading = _loading(args, policy) if lora else ""
     print(f"auto: {choice} ({e.total / GiB:.2f} GiB of {budget / GiB:.2f} GiB){loading}")
+    print(_resident(args, e, policy, budget))
     return 0
+
+
+def _resident(args, e, policy, budget) -> str:
+    """The chosen step's planned peak RSS: what the machine (and its out-of-memory killer) sees of the process."""
+    plan = step_resident(args.model, e, args.task, args.quantize, policy)
+    parts = " + ".join(f"{k} {v / GiB:.2f}" for k, v in plan.as_dict().items() if k != "total")
+    blocks = registry.spec(args.model).num_layers
+    line = (f"planned peak RSS of that step's process: {plan.total / GiB:.2f} GiB = {parts} ({blocks} blocks traced "
+            f"into the step, ~{plan.traced_step / blocks / GiB:.2f} GiB each; docs/memory.md)")
+    if plan.total > budget:
+        line += f"; above the {budget / GiB:.2f} GiB budget: a shorter sequence, a smaller batch or int4 would lower it"
+    return line
 
 
 def _loading(args, policy) -> str:
