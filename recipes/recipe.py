@@ -113,9 +113,10 @@ class Memory:
                                   "(loses small updates; for comparisons)", choices=ROUNDINGS)
     # activation recomputation policy (zoo.ops.recompute), or "auto" (zoo.memory.choose)
     checkpointing: str = option("none", "recipe field checkpointing")
-    # for "auto": bytes or "24GiB"; None: the device's memory (RAM on CPU)
+    # for "auto", and on a CPU the run's RSS check: bytes or "24GiB"; None: the device's memory (RAM on CPU)
     memory_budget: str | int | None = option(None, "with --checkpointing auto: e.g. 24GiB (default: this device's "
-                                             "memory)")
+                                             "memory); on a CPU also what the run's planned peak RSS is checked "
+                                             "against (default: the memory available now)")
     # the optimizer step inside the backward pass (zoo.training.fused); needs checkpointing "full"
     fused: bool = option(False, "apply the optimizer inside the backward pass, block by block (needs --checkpointing "
                          "full): the whole model's gradients never exist at once (docs/memory.md)")

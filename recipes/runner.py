@@ -66,6 +66,7 @@ def run(recipe, data, out_dir, steps=None, column=None, label_column=None, data_
     meta, base = folder.record(recipe, out_dir, examples.labels, merge, hf_out)
     if examples.data is not None:
         meta["data"] = examples.data
+    check_memory(recipe)  # what the machine cannot hold, before anything is written, loaded or built
 
     # 3. The run's folder: the tokenizer (with the kind's chat files beside it) and run.json, by the chief.
     # Seed before any tokenizer exists: TensorFlow's seed call clears the eager kernel cache, and with it
@@ -191,17 +192,36 @@ def choose_auto(recipe) -> Recipe:
     budget = zoo.memory.parse_bytes(recipe.memory_budget) if recipe.memory_budget else zoo.memory.default_budget()
     configs = [c for c in zoo.memory.CONFIGS if (c.endswith("+fused") or not recipe.fused)
                and not (c.endswith("+fused") and recipe.lora_rank)]
-    config, estimate = zoo.memory.choose(
-        recipe.spec, recipe.batch_size, recipe.sequence_length, budget, precision=recipe.precision,
-        task=recipe.task, optimizer=recipe.optimizer, configs=configs, accumulation_steps=recipe.accumulation_steps,
-        weights_dtype=recipe.weights_dtype,
-        loss_chunk=recipe.loss_chunk if recipe.task == "causal_lm" else None,
-        lora_rank=recipe.lora_rank, lora_targets=recipe.targets, quantize=recipe.quantize, packed=recipe.packing,
-    )
+    config, estimate = zoo.memory.choose(recipe.spec, recipe.batch_size, recipe.sequence_length, budget,
+                                         configs=configs, **plan_options(recipe))
     policy, _, fused = config.partition("+")
     print(f"checkpointing='auto': {config} (estimated {estimate.total / zoo.memory.GiB:.2f} GiB of a "
           f"{budget / zoo.memory.GiB:.1f} GiB budget)")
     return recipe.replace(checkpointing=policy, fused=bool(fused))
+
+
+def plan_options(recipe) -> dict:
+    """The planner's arguments (zoo.memory.estimate) for the recipe's step, its checkpointing aside."""
+    return dict(precision=recipe.precision, task=recipe.task, optimizer=recipe.optimizer,
+                accumulation_steps=recipe.accumulation_steps, weights_dtype=recipe.weights_dtype,
+                loss_chunk=recipe.loss_chunk if recipe.task == "causal_lm" else None, lora_rank=recipe.lora_rank,
+                lora_targets=recipe.targets, quantize=recipe.quantize, packed=recipe.packing)
+
+
+def check_memory(recipe):
+    """On a CPU, refuse a run whose process the machine's memory cannot hold (its planned peak RSS against the
+    memory available now, or --memory-budget), before out_dir is touched or anything is loaded or built
+    (zoo.memory.check_step_fits); `checkpointing="auto"` is checked at its lightest configuration. On a GPU the
+    device's memory decides, which "auto" plans."""
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        return
+    available = zoo.memory.parse_bytes(recipe.memory_budget) if recipe.memory_budget else None
+    policy = "full" if recipe.checkpointing == "auto" else recipe.checkpointing
+    config = policy + ("+fused" if recipe.fused else "")
+    zoo.memory.check_step_fits(recipe.spec, recipe.batch_size, recipe.sequence_length, available, repr(recipe.name),
+                               checkpointing=config, **plan_options(recipe))
 
 
 def train_and_save(recipe, model, cluster, out_dir, start, train_data, valid=None, validation_batches=8,

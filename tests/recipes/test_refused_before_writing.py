@@ -138,3 +138,27 @@ def test_a_flag_of_another_recipe_is_refused_by_name(checkpoint, tmp_path, capsy
     with pytest.raises(ValueError, match="--loss-type belongs to the dpo recipe, and this run's recipe is of kind "
                                          "'documents'"):
         recipes.get("dec-base", loss_type="ipo")
+
+
+def test_a_run_the_memory_cannot_hold_is_refused_before_out_dir_is_written(checkpoint, tmp_path, capsys):
+    """Its process's planned peak RSS (zoo.memory.step_resident) against --memory-budget (default: the memory
+    available now, on a CPU): refused in one line naming both figures and the settings that would fit, before
+    out_dir or the weights are touched (issue 44: not killed by the kernel halfway through)."""
+    rows = [{"messages": [question(i), {"role": "assistant", "content": f"{2 * i}."}]} for i in range(8)]
+    code, out = train(checkpoint, tmp_path, "sft", rows, "--batch-size", "4", "--memory-budget", "150MiB")
+    err = capsys.readouterr().err.strip()
+    needed = re.search(r"needs a process of about (\d+\.\d+) GiB", err)
+    assert code == 2 and err.startswith(f"zoo train: error: Training '{checkpoint}' at batch 4 x sequence 64 (none) ")
+    assert needed and float(needed.group(1)) > 150 / 1024 and "0.15 GiB is available now" in err, err
+    # two traced blocks of 0.10 GiB each are most of the tiny model's process: nothing fits 0.15 GiB
+    assert err.endswith("Nothing fits down to 128 positions with full checkpointing, int4 and batch 1; free memory, "
+                        "or use a machine with more."), err
+    assert not out.exists()
+    # planned 212 MiB at batch 4 (2026-12-07), 208 at batch 1: the fix named is the batch
+    code, out = train(checkpoint, tmp_path, "sft", rows, "--batch-size", "4", "--memory-budget", "209MiB")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "Settings that fit: batch size 1: 0.20 GiB" in err, err
+    assert not out.exists()
+    code, out = train(checkpoint, tmp_path, "sft", rows, "--batch-size", "1", "--memory-budget", "209MiB")
+    err = capsys.readouterr().err.strip()  # it fits, and goes on to what is missing: the weights
+    assert code == 2 and err.endswith("has no model.safetensors or model.safetensors.index.json."), err

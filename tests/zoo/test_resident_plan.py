@@ -61,3 +61,20 @@ def test_plan_prints_the_planned_rss_and_says_when_it_is_above_the_budget(capsys
     assert main(["plan", *args, "--budget", "10GiB"]) == 0  # the allocator's 6.7 GiB fits; the process does not
     last = capsys.readouterr().out.splitlines()[-1]
     assert "above the 10.00 GiB budget" in last
+
+
+def test_a_step_the_memory_cannot_hold_is_refused_with_what_would_fit():
+    """8B QLoRA at 32K tokens plans ~27 GiB of process: on 20 GiB it is refused, naming the longest context that
+    fits; a float base at batch 4 names the combination (full + int4 + batch 1) when no single change is enough."""
+    options = dict(QLORA, task="causal_lm")
+    memory.check_step_fits("llama3.1-8b", 1, 2048, available=20 * GiB, **options)  # ~11 GiB: goes on
+    with pytest.raises(memory.DoesNotFit) as refused:
+        memory.check_step_fits("llama3.1-8b", 1, 32768, available=20 * GiB, label="8B", **options)
+    message = str(refused.value)
+    assert message.startswith("Training 8B at batch 1 x sequence 32768 (full) needs a process of about ")
+    assert "and 20.00 GiB is available now. Settings that fit: sequence length 16384: " in message, message
+    with pytest.raises(memory.DoesNotFit) as refused:
+        memory.check_step_fits("llama3.1-8b", 4, 4096, available=12 * GiB, label="8B",
+                               **dict(options, checkpointing="none", quantize=None))
+    hint = str(refused.value).split("Settings that fit: ")[1]
+    assert hint.startswith("checkpointing 'full' + quantize 'int4' + batch size 1: ") and ";" not in hint, hint
