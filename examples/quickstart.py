@@ -7,7 +7,8 @@ first run), plans the training step's memory with `zoo.memory.estimate` before a
 `dec-base` shrunk to 4 layers x 256 with `checkpointing="full"` through the model's own recipe (AdamW, global
 clipping, warmup then decay, a byte-level BPE vocabulary trained on the text): the training and held-out loss fall
 from ~8.3 (a uniform guess over 4,096 tokens) as it learns. Last, the planned peak beside the measured one, and
-which measure that is (TensorFlow's allocator, or the process's peak RSS where TensorFlow keeps no statistics).
+which measure that is (TensorFlow's allocator, or the process's peak RSS where TensorFlow keeps no statistics), and
+the process's planned peak RSS beside its measured one.
 """
 
 import argparse
@@ -70,7 +71,9 @@ def main():
     print(f"dec-base shrunk to {SHAPE['num_layers']} layers x {SHAPE['hidden_dim']} "
           f"({recipe.spec.num_params() / 1e6:.1f}M parameters), checkpointing='full', float32, "
           f"batch {args.batch_size} x {args.sequence_length} tokens")
-    print(f"planned peak memory of training (zoo.memory.estimate): {plan.total / 2**30:.2f} GiB")
+    resident = zoo.memory.step_resident(recipe.spec, plan, precision="float32")
+    print(f"planned peak memory of training (zoo.memory.estimate): {plan.total / 2**30:.2f} GiB; of its process, "
+          f"as the machine sees it (zoo.memory.step_resident): {resident.total / 2**30:.2f} GiB")
     print(f"loss of a uniform guess over {SHAPE['vocab_size']:,} tokens: {math.log(SHAPE['vocab_size']):.2f}")
 
     class PrintLoss(keras.callbacks.Callback):
@@ -90,6 +93,8 @@ def main():
         print(f"{measured}; planned / measured {plan.total / result.peak_bytes:.2f}")
     else:  # the whole process (Python, TensorFlow's runtime, the data), not what the plan counts
         print(f"{measured}; not comparable with the plan, which counts what training allocates")
+    print(f"measured peak RSS: {result.max_rss_bytes / 2**30:.2f} GiB; planned / measured "
+          f"{resident.total / result.max_rss_bytes:.2f}")
     print(f"done in {time.perf_counter() - began:.0f} s")
 
 
