@@ -153,7 +153,7 @@ def test_plan_prints_the_loading_peak_beside_the_step(capsys):
     args = ["--lora-rank", "16", "--quantize", "int4", "--batch-size", "1", "--sequence-length", "2048",
             "--checkpointing", "full", "--precision", "mixed_bfloat16", "--lora-targets", "all-linear"]
     assert main(["plan", "llama3.1-8b", *args]) == 0
-    auto = capsys.readouterr().out.splitlines()[-2]  # the last line is the step's planned RSS (test_resident_plan.py)
+    auto = capsys.readouterr().out.splitlines()[-1]  # then the process's planned RSS (test_resident_plan.py)
     plan = zoo.memory.loading_plan("llama3.1-8b", quantize="int4", precision="mixed_bfloat16")
     assert auto.startswith("auto: full (") and f"peak {plan.total / zoo.memory.GiB:.2f} GiB" in auto
     # 7.0B parameters of the blocks at about half a byte, the two token tables' 1.05B at a byte (int8)

@@ -416,7 +416,9 @@ def test_cli_plan_prints_the_choice_and_largest_batches(capsys):
                  "--budget", "24GiB"]) == 0
     out = capsys.readouterr().out.splitlines()
     choice, e = memory.choose("dec-1b", 1, 2048, 24 * memory.GiB, "mixed_bfloat16")
-    assert out[-1] == f"auto: {choice} ({e.total / memory.GiB:.2f} GiB of 24.00 GiB)"
+    rss = memory.step_resident("dec-1b", e, precision="mixed_bfloat16").total  # tests/zoo/test_resident_plan.py
+    assert out[-1].startswith(f"auto: {choice} ({e.total / memory.GiB:.2f} GiB of 24.00 GiB); its process's planned "
+                              f"peak RSS {rss / memory.GiB:.2f} GiB (runtime 0.70 + allocator ")
     for row, config in zip(out[2:-2], memory.CONFIGS, strict=True):
         most = memory.largest_batch("dec-1b", 2048, 24 * memory.GiB, precision="mixed_bfloat16", checkpointing=config)
         assert row.split()[0] == config and row.split()[-1] == str(most)

@@ -76,8 +76,8 @@ def _plan(args):
         print(REPLICA_FORMULA)
         _distribution(args, configs, most, fused_clip, options)
     loading = _loading(args, policy) if lora else ""
-    print(f"auto: {choice} ({e.total / GiB:.2f} GiB of {budget / GiB:.2f} GiB){loading}")
-    print(_resident(args, e, policy, budget))
+    resident = _resident(args, e, policy, budget)
+    print(f"auto: {choice} ({e.total / GiB:.2f} GiB of {budget / GiB:.2f} GiB){loading}{resident}")
     return 0
 
 
@@ -86,11 +86,11 @@ def _resident(args, e, policy, budget) -> str:
     plan = step_resident(args.model, e, args.task, args.quantize, policy)
     parts = " + ".join(f"{k} {v / GiB:.2f}" for k, v in plan.as_dict().items() if k != "total")
     blocks = registry.spec(args.model).num_layers
-    line = (f"planned peak RSS of that step's process: {plan.total / GiB:.2f} GiB = {parts} ({blocks} blocks traced "
-            f"into the step, ~{plan.traced_step / blocks / GiB:.2f} GiB each; docs/memory.md)")
+    text = (f"; its process's planned peak RSS {plan.total / GiB:.2f} GiB ({parts}: {blocks} blocks traced into the "
+            f"step, ~{plan.traced_step / blocks / GiB:.2f} GiB each; docs/memory.md)")
     if plan.total > budget:
-        line += f"; above the {budget / GiB:.2f} GiB budget: a shorter sequence, a smaller batch or int4 would lower it"
-    return line
+        text += f", above the {budget / GiB:.2f} GiB budget: a shorter sequence, a smaller batch or int4 lowers it"
+    return text
 
 
 def _loading(args, policy) -> str:
