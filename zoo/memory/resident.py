@@ -39,12 +39,12 @@ class ResidentPlan:
                 "traced step": self.traced_step, "total": self.total}
 
 
-def step_resident(spec, estimate, task=None, quantize=None, precision="float32") -> ResidentPlan:
-    """The planned peak RSS of a fresh process that builds (or loads) `spec` and trains with the step `estimate`
-    plans (a `MemoryEstimate` made with the same task, quantization and precision)."""
+def step_resident(spec, step, task=None, quantize=None, precision="float32") -> ResidentPlan:
+    """The planned peak RSS of a fresh process that builds (or loads) `spec` and trains the step `step` plans (a
+    `MemoryEstimate` made with the same task, quantization and precision)."""
     spec = registry.spec(spec)
     model = loading_plan(spec, task, quantize, precision).model
-    return ResidentPlan(RUNTIME, estimate.total, int(MODEL_OVERHEAD * model), STEP_HEAP_PER_BLOCK * spec.num_layers)
+    return ResidentPlan(RUNTIME, step.total, int(MODEL_OVERHEAD * model), STEP_HEAP_PER_BLOCK * spec.num_layers)
 
 
 def _step_need(spec, batch_size, sequence_length, options) -> int:
