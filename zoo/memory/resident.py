@@ -11,7 +11,7 @@ block between layers is what would remove it (docs/memory.md, benchmarks/block_h
 
 from dataclasses import dataclass
 
-from zoo import registry
+from zoo import checks, registry
 from zoo.memory import budget
 from zoo.memory.estimate import estimate
 from zoo.memory.loading import MODEL_OVERHEAD, RUNTIME, DoesNotFit, loading_plan
@@ -50,8 +50,10 @@ def step_resident(spec, step, task=None, quantize=None, precision="float32") -> 
 def _step_need(spec, batch_size, sequence_length, options) -> int:
     """What a step's process adds to the one asking (its runtime is already resident)."""
     step = estimate(spec, batch_size, sequence_length, **options)
-    precision = "bfloat16" if options.get("weights_dtype") == "bfloat16" else options.get("precision") or "float32"
-    plan = step_resident(spec, step, options.get("task"), options.get("quantize"), precision)
+    policy, _ = checks.weights(options.get("weights_dtype", "float32"), options.get("precision"),
+                               accumulation_steps=options.get("accumulation_steps", 1),
+                               frozen=options.get("lora_rank") is not None)  # the dtype policy `estimate` planned
+    plan = step_resident(spec, step, options.get("task"), options.get("quantize"), policy)
     return plan.total - plan.runtime
 
 
