@@ -3,6 +3,7 @@
     python benchmarks/big_models.py load --model dec-1b --quantize int4          # + --old: float, then quantize
     python benchmarks/big_models.py load --model llama3.1-8b --quantize int4
     python benchmarks/big_models.py step --model llama3.2-3b --quantize int4 --batch 1 --seq 2048
+    python benchmarks/big_models.py ladder --model llama3.1-8b --num-layers 1 --measure-up-to 8192
 
 load: writes a checkpoint of the model's shape with random weights (sharded bfloat16 safetensors and its
 index, as Hugging Face writes them, from the weight map of a model built quantized, so the writer never
@@ -31,8 +32,9 @@ from _harness import GiB
 SHARD = 2 * GiB
 
 
-def write_checkpoint(name, folder, shard=SHARD, seed=0) -> Path:
-    """A Hugging Face folder of `name`'s shape (causal LM) with random bfloat16 weights, written shard by shard."""
+def write_checkpoint(name, folder, shard=SHARD, seed=0, num_layers=None) -> Path:
+    """A Hugging Face folder of `name`'s shape (causal LM) with random bfloat16 weights, written shard by shard;
+    `num_layers`: fewer blocks than the registered model (the context ladder's reduced depth)."""
     import ml_dtypes
     import numpy as np
     from safetensors.numpy import save_file
@@ -40,7 +42,7 @@ def write_checkpoint(name, folder, shard=SHARD, seed=0) -> Path:
     import zoo
     from zoo.hub import families, weights
 
-    spec = zoo.spec(name)
+    spec = zoo.spec(name).replace(**({"num_layers": num_layers} if num_layers else {}))
     model = zoo.models.build(spec, task="causal_lm", quantize="int4")  # names and shapes, without float kernels
     family = families.family_of(model)
     entries = [(weights.hf_name(e, family, "causal_lm"), weights.hf_shape(e)) for e in family.weight_map(model)]
@@ -70,14 +72,15 @@ def write_checkpoint(name, folder, shard=SHARD, seed=0) -> Path:
     return folder
 
 
-def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, slice_floats=None, loss_chunk=None):
+def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, slice_floats=None, loss_chunk=None,
+            num_layers=None):
     """One fresh process: load (`kind` "load" streamed, "old" float then quantize_base) or a QLoRA step."""
     import tensorflow as tf
 
     import zoo
 
     if kind == "write":  # its own process: a child's ru_maxrss starts at its parent's RSS when it was forked
-        write_checkpoint(name, folder)
+        write_checkpoint(name, folder, num_layers=num_layers)
         return {}
     if slice_floats:
         zoo.quantization.QUANTIZE_SLICE = slice_floats
@@ -119,19 +122,22 @@ def plan(name, quantize, dtype):
     return memory.loading_peak(name, quantize=quantize, precision=dtype) / GiB
 
 
-def planned_step(name, quantize, dtype, batch, seq, rank=16, loss_chunk=None):
+def planned_step(name, quantize, dtype, batch, seq, rank=16, loss_chunk=None, num_layers=None):
     """(allocator GiB, RSS GiB): zoo.memory.estimate of the step `measure` takes (the allocator's peak, the built
-    model included) and zoo.memory.step_resident of its process (the peak RSS)."""
+    model included) and zoo.memory.step_resident of its process (the peak RSS); `num_layers`: at reduced depth."""
+    import zoo
     from zoo import memory
 
-    step = memory.estimate(name, batch, seq, dtype, "full", loss_chunk=loss_chunk, lora_rank=rank,
+    spec = zoo.spec(name)
+    spec = spec.replace(num_layers=num_layers) if num_layers else spec
+    step = memory.estimate(spec, batch, seq, dtype, "full", loss_chunk=loss_chunk, lora_rank=rank,
                            lora_targets="all-linear", quantize=quantize)
-    return step.total / GiB, memory.step_resident(name, step, "causal_lm", quantize, dtype).total / GiB
+    return step.total / GiB, memory.step_resident(spec, step, "causal_lm", quantize, dtype).total / GiB
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["load", "step"])
+    p.add_argument("what", choices=["load", "step", "ladder"])
     p.add_argument("--model", default="dec-1b")
     p.add_argument("--quantize", default="int4", choices=["int8", "int4"])
     p.add_argument("--dtype", default="mixed_bfloat16")
@@ -143,7 +149,13 @@ def main():
     p.add_argument("--reuse", action="store_true", help="with --folder: keep the checkpoint, and reuse one there")
     p.add_argument("--loss-chunk", type=int, default=None, help="step: positions per loss chunk (default: the loss's)")
     p.add_argument("--timeout", type=int, default=3600)
+    p.add_argument("--lengths", default="2048,4096,8192,16384,32768", help="ladder: sequence lengths")
+    p.add_argument("--num-layers", type=int, default=1, help="ladder: the depth measured (the rest is planned)")
+    p.add_argument("--measure-up-to", type=int, default=16384, help="ladder: longest length measured")
+    p.add_argument("--rss-limit", type=float, default=20.0, help="ladder: GiB of RSS the longest context must fit")
     a = p.parse_args()
+    if a.what == "ladder":
+        return ladder(a)
 
     root = Path(a.folder or tempfile.mkdtemp(prefix="zoo-big-"))
     folder = root / a.model
@@ -189,6 +201,59 @@ def main():
             shutil.rmtree(folder, ignore_errors=True)
         if a.folder is None:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def ladder(a):
+    """The context ladder (issue 44): the QLoRA step's allocator peak and peak RSS at each length, measured at
+    `--num-layers` blocks in a fresh process per length and extrapolated to full depth with the planner (the
+    measured figure + the full model's plan - the reduced model's plan: what the other blocks add, their held
+    inputs, their weights and their traced graph); beyond `--measure-up-to` the plan alone."""
+    import zoo
+
+    depth, full_depth = a.num_layers, zoo.spec(a.model).num_layers
+    root = Path(a.folder or tempfile.mkdtemp(prefix="zoo-ladder-"))
+    folder = root / f"{a.model}-{depth}-blocks"
+    budget = _harness.available_bytes() - int(1.0 * GiB)
+    rows = []
+    try:
+        written = _harness.run_child({"kind": "write", "name": a.model, "folder": str(folder), "quantize": None,
+                                      "dtype": None, "num_layers": depth}, timeout=a.timeout)
+        if not written.ok:
+            raise SystemExit(f"writing the checkpoint failed: {written.error}")
+        print(f"{a.model} QLoRA r16 all-linear, {a.quantize}, full, {a.dtype}, batch {a.batch}: measured at {depth} of "
+              f"{full_depth} blocks, extrapolated with zoo.memory's plan; budget {budget / GiB:.1f} GiB", flush=True)
+        print(f"{'seq':>6s} {'plan GiB':>9s} {'plan RSS':>9s} | {'meas. GiB':>9s} {'meas. RSS':>9s} {'step s':>7s} | "
+              f"{'extr. GiB':>9s} {'extr. RSS':>9s}  status", flush=True)
+        for seq in map(int, a.lengths.split(",")):
+            plan_full = planned_step(a.model, a.quantize, a.dtype, a.batch, seq, loss_chunk=a.loss_chunk)
+            plan_part = planned_step(a.model, a.quantize, a.dtype, a.batch, seq, loss_chunk=a.loss_chunk,
+                                     num_layers=depth)
+            row = {"seq": seq, "planned_step_gib": plan_full[0], "planned_step_rss_gib": plan_full[1],
+                   "reduced_planned_step_gib": plan_part[0], "reduced_planned_step_rss_gib": plan_part[1],
+                   "status": "planned only"}
+            if seq <= a.measure_up_to:
+                run = _harness.run_child({"kind": "step", "name": a.model, "folder": str(folder),
+                                          "quantize": a.quantize, "dtype": a.dtype, "batch": a.batch, "seq": seq,
+                                          "loss_chunk": a.loss_chunk}, budget_bytes=budget, timeout=a.timeout)
+                row.update(run.result, status=run.status if run.ok else f"{run.status}: {run.error}")
+                if run.ok:
+                    row["extrapolated_step_gib"] = run.result["alloc_peak_gib"] + plan_full[0] - plan_part[0]
+                    row["extrapolated_step_rss_gib"] = run.result["peak_rss_gib"] + plan_full[1] - plan_part[1]
+            rows.append(row)
+            cell = lambda key, width=9, digits=2: (f"{row[key]:{width}.{digits}f}" if key in row  # noqa: E731
+                                                   else f"{'-':>{width}s}")
+            print(f"{seq:6d} {cell('planned_step_gib')} {cell('planned_step_rss_gib')} | {cell('alloc_peak_gib')} "
+                  f"{cell('peak_rss_gib')} {cell('step_s', 7, 0)} | {cell('extrapolated_step_gib')} "
+                  f"{cell('extrapolated_step_rss_gib')}  {row['status']}", flush=True)
+    finally:
+        if a.folder is None:
+            shutil.rmtree(root, ignore_errors=True)
+    fits = [r["seq"] for r in rows if r.get("extrapolated_step_rss_gib", r["planned_step_rss_gib"]) <= a.rss_limit]
+    longest = max(fits, default=None)
+    print(f"longest context within {a.rss_limit:g} GiB of RSS: {longest} (extrapolated where measured, else planned)")
+    print(json.dumps({"benchmark": "context_ladder", "model": a.model, "quantize": a.quantize, "dtype": a.dtype,
+                      "batch": a.batch, "measured_blocks": depth, "blocks": full_depth, "rss_limit_gib": a.rss_limit,
+                      "longest_fitting": longest, "rows": rows}))
 
 
 if __name__ == "__main__":
