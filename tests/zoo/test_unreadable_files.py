@@ -68,6 +68,39 @@ def test_a_shard_index_without_its_map_is_named(folder, tmp_path):
         zoo.hub.load(copy, tokenizer=False)
 
 
+@pytest.fixture
+def sharded(folder, tmp_path):
+    """The tiny folder as two shards and their index, as Hugging Face writes a big checkpoint."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    copy = broken_copy(folder, tmp_path, "model.safetensors", lambda path: path.unlink())
+    tensors = {"model.norm.weight": np.ones(TINY_DEC["hidden_dim"], "float32"),
+               "model.embed_tokens.weight": np.zeros((8, TINY_DEC["hidden_dim"]), "float32")}
+    names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    for (key, value), name in zip(tensors.items(), names):
+        save_file({key: value}, str(copy / name))
+    index = {"metadata": {}, "weight_map": dict(zip(tensors, names))}
+    (copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    return copy
+
+
+def test_a_missing_or_truncated_shard_is_named(sharded, capsys):
+    """Issue 44's bad input: the shard itself is named, before any tensor is read (a missing one from the index)."""
+    (sharded / "model-00002-of-00002.safetensors").rename(sharded / "elsewhere")
+    with pytest.raises(FileNotFoundError, match=f"{sharded} lacks model-00002-of-00002.safetensors, which "
+                                                r"model.safetensors.index.json names; download or copy the folder"):
+        zoo.hub.load(sharded, tokenizer=False)
+    assert zoo.cli.main(["generate", str(sharded), "hello"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("zoo generate: error: ") and "model-00002-of-00002.safetensors" in err, err
+    (sharded / "elsewhere").rename(sharded / "model-00002-of-00002.safetensors")
+    truncate(sharded / "model-00002-of-00002.safetensors")
+    with pytest.raises(UnreadableFile, match=f"{sharded / 'model-00002-of-00002.safetensors'} is not a whole "
+                                             "safetensors file"):
+        zoo.hub.load(sharded, tokenizer=False)
+
+
 def test_a_gguf_file_points_at_the_converter(tmp_path):
     gguf = tmp_path / "model.Q4_0.gguf"
     gguf.write_bytes(b"GGUF")

@@ -135,7 +135,12 @@ def weight_files(folder: Path) -> dict[str, Path]:
         if not isinstance(index.get("weight_map") if isinstance(index, dict) else None, dict):
             raise UnreadableFile(f"{folder / INDEX} has no \"weight_map\" (tensor name -> shard file); download or "
                                  "copy it again.")
-        return {key: folder / name for key, name in index["weight_map"].items()}
+        files = {key: folder / name for key, name in index["weight_map"].items()}
+        missing = sorted({path.name for path in files.values() if not path.is_file()})
+        if missing:  # before any tensor is read: an interrupted download leaves shards out
+            raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}, which {INDEX} names; download or copy "
+                                    "the folder again.")
+        return files
     if (folder / WEIGHTS).exists():
         with open_safetensors(folder / WEIGHTS) as f:
             return {key: folder / WEIGHTS for key in f.keys()}
