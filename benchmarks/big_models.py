@@ -235,7 +235,8 @@ def ladder(a):
                 run = _harness.run_child({"kind": "step", "name": a.model, "folder": str(folder),
                                           "quantize": a.quantize, "dtype": a.dtype, "batch": a.batch, "seq": seq,
                                           "loss_chunk": a.loss_chunk}, budget_bytes=budget, timeout=a.timeout)
-                row.update(run.result, status=run.status if run.ok else f"{run.status}: {run.error}")
+                row.update(run.result, status=run.status if run.ok else f"{run.status}: {run.error}",
+                           guard_rss_gib=run.peak_rss_bytes / GiB)  # sampled from outside: a stopped row's too
                 if run.ok:
                     row["extrapolated_step_gib"] = run.result["alloc_peak_gib"] + plan_full[0] - plan_part[0]
                     row["extrapolated_step_rss_gib"] = run.result["peak_rss_gib"] + plan_full[1] - plan_part[1]
