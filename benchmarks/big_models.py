@@ -32,6 +32,14 @@ from _harness import GiB
 SHARD = 2 * GiB
 
 
+def spec_of(name, num_layers=None):
+    """`name`'s spec, with `num_layers` blocks where given (the ladder's reduced depth): what is written and planned."""
+    import zoo
+
+    spec = zoo.spec(name)
+    return spec.replace(num_layers=num_layers) if num_layers else spec
+
+
 def write_checkpoint(name, folder, shard=SHARD, seed=0, num_layers=None) -> Path:
     """A Hugging Face folder of `name`'s shape (causal LM) with random bfloat16 weights, written shard by shard;
     `num_layers`: fewer blocks than the registered model (the context ladder's reduced depth)."""
@@ -42,7 +50,7 @@ def write_checkpoint(name, folder, shard=SHARD, seed=0, num_layers=None) -> Path
     import zoo
     from zoo.hub import families, weights
 
-    spec = zoo.spec(name).replace(**({"num_layers": num_layers} if num_layers else {}))
+    spec = spec_of(name, num_layers)
     model = zoo.models.build(spec, task="causal_lm", quantize="int4")  # names and shapes, without float kernels
     family = families.family_of(model)
     entries = [(weights.hf_name(e, family, "causal_lm"), weights.hf_shape(e)) for e in family.weight_map(model)]
@@ -125,11 +133,9 @@ def plan(name, quantize, dtype):
 def planned_step(name, quantize, dtype, batch, seq, rank=16, loss_chunk=None, num_layers=None):
     """(allocator GiB, RSS GiB): zoo.memory.estimate of the step `measure` takes (the allocator's peak, the built
     model included) and zoo.memory.step_resident of its process (the peak RSS); `num_layers`: at reduced depth."""
-    import zoo
     from zoo import memory
 
-    spec = zoo.spec(name)
-    spec = spec.replace(num_layers=num_layers) if num_layers else spec
+    spec = spec_of(name, num_layers)
     step = memory.estimate(spec, batch, seq, dtype, "full", loss_chunk=loss_chunk, lora_rank=rank,
                            lora_targets="all-linear", quantize=quantize)
     return step.total / GiB, memory.step_resident(spec, step, "causal_lm", quantize, dtype).total / GiB
