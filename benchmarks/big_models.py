@@ -81,7 +81,7 @@ def write_checkpoint(name, folder, shard=SHARD, seed=0, num_layers=None) -> Path
 
 
 def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, slice_floats=None, loss_chunk=None,
-            num_layers=None):
+            num_layers=None, mlp_chunk_mib=None):
     """One fresh process: load (`kind` "load" streamed, "old" float then quantize_base) or a QLoRA step."""
     import tensorflow as tf
 
@@ -92,6 +92,7 @@ def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, sli
         return {}
     if slice_floats:
         zoo.quantization.QUANTIZE_SLICE = slice_floats
+    set_mlp_chunk(mlp_chunk_mib)
 
     tf.config.experimental.reset_memory_stats("CPU:0")
     start = time.perf_counter()
@@ -130,6 +131,15 @@ def plan(name, quantize, dtype):
     return memory.loading_peak(name, quantize=quantize, precision=dtype) / GiB
 
 
+def set_mlp_chunk(mib):
+    """`--mlp-chunk-mib`: zoo.ops.position_chunks' cap on one chunk of the replayed MLP (0: the MLP whole, as before
+    chunking existed); None leaves the library's. Set in the child that measures and in the parent that plans."""
+    from zoo.ops import position_chunks
+
+    if mib is not None:
+        position_chunks.CHUNK_BYTES = int(mib * 2**20) if mib > 0 else 2**62
+
+
 def planned_step(name, quantize, dtype, batch, seq, rank=16, loss_chunk=None, num_layers=None):
     """(allocator GiB, RSS GiB): zoo.memory.estimate of the step `measure` takes (the allocator's peak, the built
     model included) and zoo.memory.step_resident of its process (the peak RSS); `num_layers`: at reduced depth."""
@@ -159,7 +169,11 @@ def main():
     p.add_argument("--num-layers", type=int, default=1, help="ladder: the depth measured (the rest is planned)")
     p.add_argument("--measure-up-to", type=int, default=16384, help="ladder: longest length measured")
     p.add_argument("--rss-limit", type=float, default=20.0, help="ladder: GiB of RSS the longest context must fit")
+    p.add_argument("--mlp-chunk-mib", type=float, default=None,
+                   help="step, ladder: cap on one chunk of the replayed MLP (zoo.ops.position_chunks.CHUNK_BYTES, "
+                        "default the library's); 0: the MLP whole")
     a = p.parse_args()
+    set_mlp_chunk(a.mlp_chunk_mib)
     if a.what == "ladder":
         return ladder(a)
 
@@ -181,7 +195,8 @@ def main():
         for kind in kinds:
             run = _harness.run_child({"kind": kind, "name": a.model, "folder": str(folder), "quantize": a.quantize,
                                       "dtype": a.dtype, "batch": a.batch, "seq": a.seq,
-                                      "slice_floats": a.slice, "loss_chunk": a.loss_chunk}, timeout=a.timeout)
+                                      "slice_floats": a.slice, "loss_chunk": a.loss_chunk,
+                                      "mlp_chunk_mib": a.mlp_chunk_mib}, timeout=a.timeout)
             rows[kind] = {**run.result, "status": run.status if run.ok else f"{run.status}: {run.error}",
                           "guard_rss_gib": run.peak_rss_bytes / GiB}
             r = rows[kind]
@@ -195,7 +210,9 @@ def main():
         if a.what == "step":
             result["planned_step_gib"], result["planned_step_rss_gib"] = planned_step(
                 a.model, a.quantize, a.dtype, a.batch, a.seq, loss_chunk=a.loss_chunk)
-            result["loss_chunk"] = a.loss_chunk
+            from zoo.ops import position_chunks
+
+            result["loss_chunk"], result["mlp_chunk_bytes"] = a.loss_chunk, position_chunks.CHUNK_BYTES
             r = rows["step"]
             print(f"planned step: allocator peak {result['planned_step_gib']:.2f} GiB (measured "
                   f"{r.get('alloc_peak_gib', float('nan')):.2f}), peak RSS {result['planned_step_rss_gib']:.2f} GiB "
@@ -240,7 +257,8 @@ def ladder(a):
             if seq <= a.measure_up_to:
                 run = _harness.run_child({"kind": "step", "name": a.model, "folder": str(folder),
                                           "quantize": a.quantize, "dtype": a.dtype, "batch": a.batch, "seq": seq,
-                                          "loss_chunk": a.loss_chunk}, budget_bytes=budget, timeout=a.timeout)
+                                          "loss_chunk": a.loss_chunk, "mlp_chunk_mib": a.mlp_chunk_mib},
+                                         budget_bytes=budget, timeout=a.timeout)
                 row.update(run.result, status=run.status if run.ok else f"{run.status}: {run.error}",
                            guard_rss_gib=run.peak_rss_bytes / GiB)  # sampled from outside: a stopped row's too
                 if run.ok:
@@ -261,7 +279,10 @@ def ladder(a):
     planned = max((r["seq"] for r in rows if r["planned_step_rss_gib"] <= a.rss_limit), default=None)
     print(f"longest context within {a.rss_limit:g} GiB of RSS: {measured} measured and extrapolated; {planned} by the "
           "plan alone")
+    from zoo.ops import position_chunks
+
     print(json.dumps({"benchmark": "context_ladder", "model": a.model, "quantize": a.quantize, "dtype": a.dtype,
+                      "mlp_chunk_bytes": position_chunks.CHUNK_BYTES,
                       "batch": a.batch, "measured_blocks": depth, "blocks": full_depth, "rss_limit_gib": a.rss_limit,
                       "longest_measured": measured, "longest_planned": planned, "rows": rows}))
 

@@ -104,3 +104,22 @@ def same_graph_and_weights(path_a, path_b):
                     assert described(a, sa, ia) == described(b, sb, ib), sa.tensors[ia].name
                     compared += 1
     return compared
+
+
+def mlp_in_chunks(monkeypatch, positions, width):
+    """Makes `full`'s replay run a `width`-wide MLP in chunks of `positions` (zoo.ops.position_chunks.CHUNK_BYTES,
+    which real models pass at thousands of positions); returns the list that each chunked call appends its
+    (chunk, sequence length) to, to show the chunks ran."""
+    import zoo.layers.block as block_module
+    from zoo.ops import position_chunks
+
+    calls = []
+
+    def counting(fn, x, chunk):
+        if chunk < x.shape[1]:
+            calls.append((chunk, x.shape[1]))
+        return position_chunks.in_position_chunks(fn, x, chunk)
+
+    monkeypatch.setattr(block_module, "in_position_chunks", counting)
+    monkeypatch.setattr(position_chunks, "CHUNK_BYTES", positions * 4 * width)
+    return calls

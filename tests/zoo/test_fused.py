@@ -22,7 +22,7 @@ import tensorflow as tf
 
 import zoo
 from recipes.optim import AdamW
-from tests.common import TINY, TINY_DEC
+from tests.common import TINY, TINY_DEC, mlp_in_chunks
 
 VOCAB = 97
 CLIP = 0.05  # far below the tiny models' gradient norm (~7): the clip triggers on every step
@@ -118,6 +118,18 @@ def test_fused_equals_fit_float32_with_a_global_clip(family):
     assert global_norm_of_first_step(family, **SETTINGS[family]) > 10 * CLIP  # the clip really scales every step
     reference, ref_loss = trained(family, **SETTINGS[family])
     model, loss = trained(family, **SETTINGS[family], **FUSED[family])
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    assert_same_weights(model, reference, 1e-6)
+
+
+def test_fused_with_the_mlp_in_chunks_equals_fit_with_it_whole(monkeypatch):
+    """A long sequence's replay runs its MLP in chunks of positions (zoo.ops.position_chunks) in the fused step too,
+    where each block's gradients come from the fused step's own tape: chunks of 6 positions (16 = 6 + 6 + 4) against
+    Keras' step with the MLP whole."""
+    reference, ref_loss = trained("llama", **SETTINGS["llama"])
+    chunks = mlp_in_chunks(monkeypatch, 6, TINY_DEC["intermediate_dim"])
+    model, loss = trained("llama", **SETTINGS["llama"], **FUSED["llama"])
+    assert chunks and set(chunks) == {(6, 16)}, chunks
     assert loss == pytest.approx(ref_loss, rel=1e-6)
     assert_same_weights(model, reference, 1e-6)
 

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import zoo
-from tests.common import TINY, TINY_DEC
+from tests.common import TINY, TINY_DEC, mlp_in_chunks
 from zoo import lora, memory, quantization, shapes
 from zoo.memory.lora import plan as lora_plan
 
@@ -188,13 +188,17 @@ def gradients(model, x, y):
 
 
 @pytest.mark.parametrize("name,mode", [("enc-mini", None), ("dec-base", "int4")])
-def test_full_recomputation_gives_the_same_adapter_gradients(name, mode):
+def test_full_recomputation_gives_the_same_adapter_gradients(name, mode, monkeypatch):
     """Dropout 0.1 on: the recomputed block (adapters included) redraws the same masks. A float Dense
     merges its adapter into the kernel inside the recomputed block; an int4 one runs Keras'
-    custom-gradient matmul inside tf.recompute_grad."""
+    custom-gradient matmul inside tf.recompute_grad. "chunked": full with the MLP in chunks of 3 positions
+    (zoo.ops.position_chunks, a long sequence's replay), whose own backward recomputes each chunk's adapters and
+    int4 kernels and sums the adapters' gradients over the chunks."""
     grads = {}
-    for policy in ("none", "full"):
-        model = build(name, policy=policy)
+    for policy in ("none", "full", "chunked"):
+        if policy == "chunked":
+            chunks = mlp_in_chunks(monkeypatch, 3, SHAPES[name]["intermediate_dim"])
+        model = build(name, policy="full" if policy == "chunked" else policy)
         if mode:
             quantization.quantize_base(model, mode)
         lora.enable_lora(model, rank=4, alpha=8, targets="all-linear")
@@ -204,7 +208,9 @@ def test_full_recomputation_gives_the_same_adapter_gradients(name, mode):
     for path, reference in grads["none"].items():
         scale = np.abs(reference).max()
         assert scale > 0, path
-        assert np.abs(grads["full"][path] - reference).max() <= 1e-5 * scale, path
+        for policy in ("full", "chunked"):
+            assert np.abs(grads[policy][path] - reference).max() <= 1e-5 * scale, (policy, path)
+    assert set(chunks) == {(3, SEQ)}, chunks
 
 
 def test_a_tape_watches_only_what_trains_so_recomputation_skips_frozen_kernels():

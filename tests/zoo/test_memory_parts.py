@@ -21,7 +21,8 @@ LAYER = 2 * (34 * SBH + S * B * 128 * 2 + 5 * SBH)  # 176,128
 
 
 def step(**changes):
-    return parts.Step(spec=DEC, task="causal_lm", batch=B, sequence_length=S, policy="full", **changes)
+    return parts.Step(**{"spec": DEC, "task": "causal_lm", "batch": B, "sequence_length": S, "policy": "full",
+                         **changes})
 
 
 def test_each_part_by_hand():
@@ -37,6 +38,21 @@ def test_each_part_by_hand():
     assert parts.loss(full) == {"logits": 3 * B * S * 100 * 4}  # logits, softmax, gradient; one chunk of 16
     assert parts.workspace(full) == {"update": 2 * LARGEST * 4, "block_update": 0, "transient": 0,
                                      "reduce_buffer": PARAMS * 4, "block_reduce": 0}  # every gradient, packed
+
+
+def test_a_long_sequence_replays_its_mlp_a_chunk_at_a_time(monkeypatch):
+    """Past zoo.ops.position_chunks' cap, the replayed block's MLP (the formula's 16·s·b·h and SwiGLU's third
+    tensor) is counted at a chunk's positions: here a cap of 4 positions of the 128-wide MLP per row, so 16
+    positions replay in 4 chunks of 4; nothing else changes, and `none` keeps every layer's whole."""
+    from zoo.ops import position_chunks
+
+    whole = {policy: parts.activations(step(policy=policy)) for policy in ("full", "none")}
+    monkeypatch.setattr(position_chunks, "CHUNK_BYTES", 4 * 4 * 128)
+    chunked = {policy: parts.activations(step(policy=policy)) for policy in ("full", "none")}
+    mlp = 2 * (16 * 64 + 2 * 128) * B  # float32 bytes a position: 2,560 x B
+    assert whole["full"]["replay"] - chunked["full"]["replay"] == (S - 4) * mlp
+    assert whole["full"]["activations"] - chunked["full"]["activations"] == (S - 4) * mlp
+    assert chunked["none"] == whole["none"]
 
 
 def test_fused_parts_by_hand():

@@ -20,6 +20,7 @@ from zoo.layers.norm import make_norm
 from zoo.ops.attention_core import attention_keep
 from zoo.ops.dropout import Masks, dropout_keep, stateless_dropout
 from zoo.ops.ordering import residual
+from zoo.ops.position_chunks import in_position_chunks, position_chunk
 from zoo.ops.recompute import policy_name, recompute
 
 
@@ -101,7 +102,7 @@ class TransformerBlock(keras.layers.Layer):
             if training:
                 masks = self.draw_masks(x, ahead=True)
                 return recompute(lambda h: self.replay(h, padding_mask, masks), x)
-            return recompute(lambda h: self._forward(h, mask=padding_mask, keep_scores=True)[0], x)
+            return recompute(lambda h: self._forward(h, mask=padding_mask, keep_scores=True, chunk_ffn=True)[0], x)
         recompute_core = taped and self.checkpointing == "selective"
         keep_scores = training and self.checkpointing == "none"  # "none" keeps everything: the fastest core
         # What the block computes from its variables alone (a dequantized or cast kernel) waits for its input:
@@ -133,8 +134,9 @@ class TransformerBlock(keras.layers.Layer):
         """The block in training with given dropout draws (`draw_masks`): the same function every
         time it is called, which is what recomputation and the fused update (zoo.training.fused)
         rely on. Its backward follows it at once, one block at a time, so it keeps its own scores
-        (`keep_scores`: the plain core on one tile)."""
-        return self._forward(x, mask=padding_mask, masks=masks, training=True, keep_scores=True)[0]
+        (`keep_scores`: the plain core on one tile); a long sequence's MLP runs in chunks of positions
+        (`chunk_ffn`), or its whole intermediates would be alive through the replay's backward."""
+        return self._forward(x, mask=padding_mask, masks=masks, training=True, keep_scores=True, chunk_ffn=True)[0]
 
     def decode(self, x, padding_mask, cache, cache_index):
         """Inference with a key/value cache: returns (output, updated cache). Its kernels' dequantized or cast copies
@@ -144,7 +146,7 @@ class TransformerBlock(keras.layers.Layer):
             return self._forward(x, mask=padding_mask, cache=cache, cache_index=cache_index)
 
     def _forward(self, x, mask, masks=None, training=False, recompute_core=False, cache=None, cache_index=0,
-                 keep_scores=False):
+                 keep_scores=False, chunk_ffn=False):
         rate = self.dropout if training else 0.0
         masks = masks or Masks(None)
 
@@ -160,14 +162,24 @@ class TransformerBlock(keras.layers.Layer):
             h, new_cache = attend(x if self.attention_norm is None else self.attention_norm(x))
             h = h if self.post_attention_norm is None else self.post_attention_norm(h)
             x = residual(x, drop(h, site=1))
-            h = self.ffn(self.ffn_norm(x))
-            h = h if self.post_ffn_norm is None else self.post_ffn_norm(h)
-            x = residual(x, drop(h, site=2))
+            x = residual(x, drop(self._position_wise(self._ffn_branch, x, chunk_ffn), site=2))
         else:  # BERT: x = norm(x + attn(x)); x = norm(x + ffn(x))
             h, new_cache = attend(x)
             x = self.attention_norm(residual(x, drop(h, site=1)))
-            x = self.ffn_norm(residual(x, drop(self.ffn(x), site=2)))
+            x = self.ffn_norm(residual(x, drop(self._position_wise(self.ffn, x, chunk_ffn), site=2)))
         return x, new_cache
+
+    def _ffn_branch(self, x):
+        """The pre-norm MLP branch, norms included: every part of it acts on each position alone."""
+        h = self.ffn(self.ffn_norm(x))
+        return h if self.post_ffn_norm is None else self.post_ffn_norm(h)
+
+    def _position_wise(self, fn, x, chunked):
+        """`fn(x)`; `chunked`: in chunks of positions, each recomputed in the backward (zoo.ops.position_chunks),
+        where the sequence's float32 intermediates would pass its CHUNK_BYTES."""
+        if not chunked or x.shape[1] is None:
+            return fn(x)
+        return in_position_chunks(fn, x, position_chunk(x.shape[1], self.ffn.intermediate_dim))
 
     def get_config(self):
         return {**super().get_config(), **self.config_args, "checkpointing": self.checkpointing}

@@ -12,6 +12,7 @@ from zoo.memory import optimizer_state as optimizer_table
 from zoo.memory.lora import LoraPlan
 from zoo.ops import lm_loss
 from zoo.ops.attention_core import DEFAULT_CHUNK
+from zoo.ops.position_chunks import position_chunk
 from zoo.registry import ModelSpec
 from zoo.shapes import block_shapes, count, variable_shapes
 
@@ -129,7 +130,9 @@ def activations(step: Step) -> dict:
         looped = TILES_ALIVE + (DROPOUT_TILES if s.dropout else 0)
         working = (ONE_TILE_ALIVE if tile == seq else looped) * b * a * tile * tile * 4
     layers = s.num_layers
-    replay = per_layer_full + working if policy == "full" else 0  # one block recomputed, its tiles included
+    # One block recomputed, its tiles included; a long sequence's MLP replayed a chunk of positions at a time.
+    chunk = position_chunk(seq, s.intermediate_dim)
+    replay = per_layer_full - (_mlp_16(s, b, seq) - _mlp_16(s, b, chunk)) * scale + working if policy == "full" else 0
     if policy == "none":
         kept = layers * per_layer_full + working
     elif policy == "selective":
@@ -309,6 +312,13 @@ def _ahead_bytes(params, vbytes, optimizer, fused, rounding=None) -> int:
     dec-base measured 1.8-2.0). The fused update waits for each block's gradients, and a rounded
     update for its own gradient: none ahead."""
     return 2 * params * vbytes if optimizer.lower() == "lion" and not fused and not rounding else 0
+
+
+def _mlp_16(s, b, positions) -> int:
+    """The 16-bit bytes the formula counts for a layer's MLP over `positions` a row: Korthikanti's 16·s·b·h of
+    its two wide tensors, and a gated MLP's third (`_family_extra_16`). Under "full" a sequence longer than the
+    MLP's chunk (zoo.ops.position_chunks) replays a chunk's."""
+    return positions * b * (16 * s.hidden_dim + (2 * s.intermediate_dim if s.gated_ffn else 0))
 
 
 def _family_extra_16(s, b, seq) -> int:

@@ -4,6 +4,8 @@ layers, training steps and the planner can all build on them.
   attention_core   softmax(QKᵀ/√d)·V in two cores: chunked (O(s) memory) and plain (the reference)
   lm_loss          the chunked causal-LM loss
   recompute        activation recomputation (tf.recompute_grad) and the policies
+  position_chunks  a position-wise function (a block's MLP) over chunks of positions, each recomputed in
+                   the backward: what "full"'s replay runs at a long sequence
   dropout          dropout from an explicit seed, equal on one device and across replicas; masks
                    held as bits for a block that runs again (full's replay)
   activations      a GELU that keeps less for the backward pass
