@@ -2,12 +2,13 @@
 
 Under "full" a block's replay records its whole forward before its backward starts, so a long sequence's MLP
 intermediates ([B, S, intermediate]: gate, up, their activation and product, and TensorFlow's float32 copies of
-them) are all alive at once: at llama3.1-8b's 14,336 and 32K positions, about 9 GiB, more than the every block's
-held inputs. The MLP is position-wise, so `in_position_chunks(fn, x, chunk)` runs it a chunk of positions at a
-time and keeps only `x` for its backward, which recomputes each chunk and makes its gradients at once: a chunk's
-intermediates instead of the sequence's (Arctic Long Sequence Training's TiledMLP; Unsloth's tiled MLP). Each
-chunk waits for the last (`after`), as the chunked loss's do (docs/design-notes.md, Chunked loss), or TensorFlow's
-executor would run them side by side. The price is one more forward of the MLP per block in the backward.
+them) are all alive at once: ~17 bytes per entry measured (docs/memory.md, the context ladder), 7.5 GiB for
+llama3.1-8b's 14,336 at 32K positions, nearly as much as all 32 blocks' held inputs (8 GiB). The MLP is
+position-wise, so `in_position_chunks(fn, x, chunk)` runs it a chunk of positions at a time and keeps only `x` for
+its backward, which recomputes each chunk and makes its gradients at once: a chunk's intermediates instead of the
+sequence's (Arctic Long Sequence Training's TiledMLP; Unsloth's tiled MLP). Each chunk waits for the last
+(`after`), as the chunked loss's do (docs/design-notes.md, Chunked loss), or TensorFlow's executor would run them
+side by side. The price is one more forward of the MLP per block in the backward.
 """
 
 import tensorflow as tf
