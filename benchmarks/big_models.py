@@ -173,6 +173,8 @@ def main():
                    help="step, ladder: cap on one chunk of the replayed MLP (zoo.ops.position_chunks.CHUNK_BYTES, "
                         "default the library's); 0: the MLP whole")
     a = p.parse_args()
+    if a.mlp_chunk_mib is not None and a.mlp_chunk_mib < 0:
+        p.error(f"--mlp-chunk-mib {a.mlp_chunk_mib:g}: give a positive cap in MiB, or 0 to run the MLP whole.")
     set_mlp_chunk(a.mlp_chunk_mib)
     if a.what == "ladder":
         return ladder(a)
