@@ -318,7 +318,12 @@ def _mlp_16(s, b, positions) -> int:
     """The 16-bit bytes the formula counts for a layer's MLP over `positions` a row: Korthikanti's 16·s·b·h of
     its two wide tensors, and a gated MLP's third (`_family_extra_16`). Under "full" a sequence longer than the
     MLP's chunk (zoo.ops.position_chunks) replays a chunk's."""
-    return positions * b * (16 * s.hidden_dim + (2 * s.intermediate_dim if s.gated_ffn else 0))
+    return positions * b * (16 * s.hidden_dim + _gated_third_16(s))
+
+
+def _gated_third_16(s) -> int:
+    """16-bit bytes a position of a gated MLP (SwiGLU, GeGLU) keeps beyond the formula's two ffn-wide tensors."""
+    return 2 * s.intermediate_dim if s.gated_ffn else 0
 
 
 def _family_extra_16(s, b, seq) -> int:
@@ -327,7 +332,7 @@ def _family_extra_16(s, b, seq) -> int:
     inputs; the Q/K norms' inputs; queries wider than the hidden size (head_dim x heads > hidden:
     the query and the attention output the formula counts at h)."""
     width = s.num_heads * s.head_dim
-    extra = 2 * s.intermediate_dim if s.gated_ffn else 0
+    extra = _gated_third_16(s)
     extra += 4 * s.hidden_dim if s.norm_placement == "sandwich" else 0
     extra += 2 * (s.num_heads + s.num_kv_heads) * s.head_dim if s.qk_norm else 0
     extra += 4 * (width - s.hidden_dim) if width > s.hidden_dim else 0
