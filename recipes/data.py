@@ -18,6 +18,9 @@ run at the same batch; the MLM masks are drawn by tf.text's stateful random ops
 and differ between runs.
 """
 
+import collections
+import hashlib
+import json
 import os
 import weakref
 
@@ -169,15 +172,38 @@ def labels_of(docs: tf.data.Dataset) -> list:
 
 
 # ----------------------------------------------------------------------------- tasks
-_TRACED = weakref.WeakKeyDictionary()
+_TRACED = weakref.WeakKeyDictionary()  # tokenizer -> its tf.function, for tokenizers that are not keras-hub's
+_TRACED_EQUAL = collections.OrderedDict()  # fingerprint -> tf.function of the first tokenizer seen with it
+_KEEP_EQUAL = 4  # the last few distinct keras-hub tokenizers (a 128K-token BPE table is some tens of MB)
 
 
 def traced(tokenizer):
     """`tokenizer` as one tf.function shared by every pipeline that maps it (training, validation,
-    evaluation): each `map` would otherwise trace keras-hub's tokenizer graph anew, ~1 s for BPE."""
-    if tokenizer not in _TRACED:
-        _TRACED[tokenizer] = tf.function(tokenizer)
-    return _TRACED[tokenizer]
+    evaluation): each `map` would otherwise trace keras-hub's tokenizer graph anew, ~1 s for BPE (2-6 s on 2 busy
+    cores). A keras-hub tokenizer equal to one traced before (the next run in a notebook loads the same vocabulary
+    anew) reuses that one's function: the same class, configuration and tables tokenize alike."""
+    if not isinstance(tokenizer, keras_hub.tokenizers.Tokenizer):
+        if tokenizer not in _TRACED:
+            _TRACED[tokenizer] = tf.function(tokenizer)
+        return _TRACED[tokenizer]
+    key = _fingerprint(tokenizer)
+    if key not in _TRACED_EQUAL:
+        _TRACED_EQUAL[key] = tf.function(tokenizer)
+        while len(_TRACED_EQUAL) > _KEEP_EQUAL:
+            _TRACED_EQUAL.popitem(last=False)
+    _TRACED_EQUAL.move_to_end(key)
+    return _TRACED_EQUAL[key]
+
+
+def _fingerprint(tokenizer):
+    """What decides a keras-hub tokenizer's output: its class, configuration (but its layer name) and tables (BPE's
+    vocabulary and merges, WordPiece's vocabulary, SentencePiece's model proto)."""
+    digest = hashlib.sha256(f"{type(tokenizer).__module__}.{type(tokenizer).__qualname__}".encode())
+    config = {k: v for k, v in tokenizer.get_config().items() if k != "name"}  # Keras numbers each new layer's name
+    digest.update(json.dumps(config, sort_keys=True, default=repr).encode())
+    for name in ("vocabulary", "merges", "proto"):
+        digest.update(repr(getattr(tokenizer, name, None)).encode())
+    return digest.hexdigest()
 
 
 def _chunks(docs, tokenizer, length, separator=None):

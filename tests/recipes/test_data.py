@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from recipes import data, vocab
 from tests.common import tiny_recipe
@@ -66,7 +67,6 @@ def test_tfds_source_prepared_locally(tmp_path, recipes_vocab):
     own builder into a temporary data_dir (nothing downloaded), read back by name,
     with its text and ClassLabel features, and batched by the classify pipeline."""
 
-    import tensorflow as tf
     import tensorflow_datasets as tfds
 
     _, lines = _corpus(tmp_path)
@@ -110,6 +110,21 @@ def test_clm_packing_has_no_padding_and_shifts_targets(tmp_path, recipes_tokeniz
     x, y = next(iter(data.pipeline(recipe, tok, data.documents(str(txt)), training=False)))
     np.testing.assert_array_equal(x["token_ids"].numpy()[:, 1:], y.numpy()[:, :-1])
     assert x["padding_mask"].numpy().all() and x["token_ids"].shape == (4, 16)
+
+
+def test_equal_tokenizers_share_one_traced_tokenizer(recipes_vocab):
+    """Each run loads its vocabulary anew; an equal tokenizer (same class, configuration and tables) reuses the
+    first one's traced function, whose output is the new one's; a different configuration or table does not."""
+    path = recipes_vocab["bert"]
+    first, again = vocab.load(path, "bert"), vocab.load(path, "bert")
+    assert first is not again and data.traced(first) is data.traced(again)
+    text = tf.constant(["Hello World", "the news"])
+    assert data.traced(again)(text).to_list() == again(text)  # eagerly, keras-hub returns lists
+    cased = vocab.load(path, "bert", lowercase=False)
+    assert data.traced(cased) is not data.traced(first)
+    assert data.traced(cased)(text).to_list() == cased(text) != again(text)
+    llama = vocab.load(recipes_vocab["llama"], "llama")
+    assert data.traced(llama) is not data.traced(first)
 
 
 def test_mlm_masks_only_real_tokens(tmp_path, recipes_tokenizers):
@@ -168,7 +183,6 @@ def test_skip_resumes_at_the_same_batch(tmp_path, recipes_tokenizers):
 
 def test_trained_wordpiece_vocabulary_has_the_specials(tmp_path):
     txt, _ = _corpus(tmp_path)
-    import tensorflow as tf
 
     tok = vocab.train(tf.data.TextLineDataset(str(txt)), "bert", 60, str(tmp_path / "wp"))
     ids = vocab.special_ids(tok)
