@@ -26,6 +26,28 @@ def fresh_process_env(without=(), **changes):
     return {**env, "PYTHONPATH": str(REPO), **changes}
 
 
+def one_stack_for_every_op():
+    """TensorFlow records the Python stack of every op it adds to a graph (100+ frames deep under pytest), for its
+    error messages only. Tracing is this suite's largest cost (~40% of its CPU seconds, py-spy, 2026-12-07) and the
+    recording ~15% of a trace: a decoder's step traced 4 times took 3.09-3.35 s of CPU with it, 2.64-2.77 s without
+    (AVX2-only EPYC). Every op gets this one short stack instead, so an error raised inside a traced graph names
+    this function where it would name the op's line: ZOO_TEST_OP_STACKS=1 records them again (tests/conftest.py, and
+    the training processes tests/recipes/distribute_child.py starts)."""
+    import threading
+
+    from tensorflow.python.util import tf_stack
+
+    stack = []
+
+    def op_stacks_are_off_in_the_tests_set_zoo_test_op_stacks_1():
+        stack.append(tf_stack.extract_stack())
+
+    thread = threading.Thread(target=op_stacks_are_off_in_the_tests_set_zoo_test_op_stacks_1)
+    thread.start()
+    thread.join()
+    tf_stack.extract_stack = lambda stacklevel=1: stack[0]
+
+
 def allocator_peak(run, repeats=5):
     """Bytes TF's allocator peaked at during `run()` above what was allocated before it: the
     least over `repeats` calls, after one unmeasured call (tracing). The executor runs whatever is

@@ -20,6 +20,7 @@ os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 import keras
 import pytest
 
+from tests.common import one_stack_for_every_op
 from tools.assets import AssetUnavailable, fetch
 
 # The longest files, longest first (worker-seconds, --durations, 2026-12-06 16:16 on an AVX-512 EPYC): pytest-xdist's
@@ -42,10 +43,21 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
 
 
-if os.environ.get("ZOO_TEST_GC_FREEZE", "1") not in ("0", "1"):
-    raise pytest.UsageError(f"ZOO_TEST_GC_FREEZE={os.environ['ZOO_TEST_GC_FREEZE']!r}: use 1 (the default: freeze) "
-                            "or 0 (do not).")
-_FREEZE_GC = os.environ.get("ZOO_TEST_GC_FREEZE", "1") == "1"
+def _switch(name, default, on, off):
+    """A 0/1 environment variable of the test run, refused by name when it is neither."""
+    value = os.environ.get(name, default)
+    if value not in ("0", "1"):
+        raise pytest.UsageError(f"{name}={value!r}: use 1 ({on}) or 0 ({off}).")
+    return value == "1"
+
+
+_FREEZE_GC = _switch("ZOO_TEST_GC_FREEZE", "1", "the default: freeze", "do not")
+_OP_STACKS = _switch("ZOO_TEST_OP_STACKS", "0", "record each graph op's Python stack", "the default: do not")
+
+
+if not _OP_STACKS:  # tests.common.one_stack_for_every_op says why
+    one_stack_for_every_op()
+
 _module_of_last_test = []
 
 

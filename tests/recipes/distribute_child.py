@@ -260,5 +260,9 @@ def cli(pause_after, *argv):
 
 
 if __name__ == "__main__":
+    if os.environ.get("ZOO_TEST_OP_STACKS", "0") != "1":  # as in the test process that starts this one
+        from tests.common import one_stack_for_every_op
+
+        one_stack_for_every_op()
     mode, *args = sys.argv[1:]
     sys.exit({"mirrored": mirrored}.get(mode, cli)(*args))
