@@ -172,17 +172,19 @@ def labels_of(docs: tf.data.Dataset) -> list:
 
 
 # ----------------------------------------------------------------------------- tasks
-_TRACED = weakref.WeakKeyDictionary()  # tokenizer -> its tf.function, for tokenizers that are not keras-hub's
-_TRACED_EQUAL = collections.OrderedDict()  # fingerprint -> tf.function of the first tokenizer seen with it
-_KEEP_EQUAL = 4  # the last few distinct keras-hub tokenizers (a 128K-token BPE table is some tens of MB)
+_TRACED = weakref.WeakKeyDictionary()  # tokenizer -> its tf.function
+_TRACED_EQUAL = collections.OrderedDict()  # BPE fingerprint -> tf.function of the first tokenizer seen with it
+_KEEP_EQUAL = 4  # the last few distinct BPE tokenizers (a 128K-token vocabulary is some tens of MB)
 
 
 def traced(tokenizer):
     """`tokenizer` as one tf.function shared by every pipeline that maps it (training, validation,
-    evaluation): each `map` would otherwise trace keras-hub's tokenizer graph anew, ~1 s for BPE (2-6 s on 2 busy
-    cores). A keras-hub tokenizer equal to one traced before (the next run in a notebook loads the same vocabulary
-    anew) reuses that one's function: the same class, configuration and tables tokenize alike."""
-    if not isinstance(tokenizer, keras_hub.tokenizers.Tokenizer):
+    evaluation): each `map` would otherwise trace keras-hub's tokenizer graph anew, ~1 s for BPE (2-3 s on 2 busy
+    cores). A BPE tokenizer equal to one traced before (the next run in a notebook loads the same vocabulary anew)
+    reuses that one's function: the same configuration and tables tokenize alike, and its tables are lookup tables
+    the first tokenizer owns. Not SentencePiece (tf.text makes its model resource inside the graph, and a second
+    dataset cannot find the first one's: "Resource ... SentencepieceOp does not exist") nor WordPiece (~0.4 s)."""
+    if not isinstance(tokenizer, keras_hub.tokenizers.BytePairTokenizer):
         if tokenizer not in _TRACED:
             _TRACED[tokenizer] = tf.function(tokenizer)
         return _TRACED[tokenizer]
@@ -196,13 +198,11 @@ def traced(tokenizer):
 
 
 def _fingerprint(tokenizer):
-    """What decides a keras-hub tokenizer's output: its class, configuration (but its layer name) and tables (BPE's
-    vocabulary and merges, WordPiece's vocabulary, SentencePiece's model proto)."""
+    """What decides a BPE tokenizer's output: its class, configuration (but its layer name), vocabulary and merges."""
     digest = hashlib.sha256(f"{type(tokenizer).__module__}.{type(tokenizer).__qualname__}".encode())
     config = {k: v for k, v in tokenizer.get_config().items() if k != "name"}  # Keras numbers each new layer's name
     digest.update(json.dumps(config, sort_keys=True, default=repr).encode())
-    for name in ("vocabulary", "merges", "proto"):
-        digest.update(repr(getattr(tokenizer, name, None)).encode())
+    digest.update(repr((tokenizer.vocabulary, tokenizer.merges)).encode())
     return digest.hexdigest()
 
 

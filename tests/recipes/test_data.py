@@ -112,19 +112,20 @@ def test_clm_packing_has_no_padding_and_shifts_targets(tmp_path, recipes_tokeniz
     assert x["padding_mask"].numpy().all() and x["token_ids"].shape == (4, 16)
 
 
-def test_equal_tokenizers_share_one_traced_tokenizer(recipes_vocab):
-    """Each run loads its vocabulary anew; an equal tokenizer (same class, configuration and tables) reuses the
-    first one's traced function, whose output is the new one's; a different configuration or table does not."""
-    path = recipes_vocab["bert"]
-    first, again = vocab.load(path, "bert"), vocab.load(path, "bert")
+def test_equal_bpe_tokenizers_share_one_traced_tokenizer(recipes_vocab, tmp_path):
+    """Each run loads its vocabulary anew; an equal BPE tokenizer (same class, configuration and tables) reuses the
+    first one's traced function, whose output is the new one's; other tables or another configuration do not.
+    WordPiece keeps a function per tokenizer (SentencePiece must: recipes.data.traced)."""
+    path = recipes_vocab["llama"]
+    first, again = vocab.load(path, "llama"), vocab.load(path, "llama")
     assert first is not again and data.traced(first) is data.traced(again)
     text = tf.constant(["Hello World", "the news"])
     assert data.traced(again)(text).to_list() == again(text)  # eagerly, keras-hub returns lists
-    cased = vocab.load(path, "bert", lowercase=False)
-    assert data.traced(cased) is not data.traced(first)
-    assert data.traced(cased)(text).to_list() == cased(text) != again(text)
-    llama = vocab.load(recipes_vocab["llama"], "llama")
-    assert data.traced(llama) is not data.traced(first)
+    other = vocab.train(data.documents(str(_corpus(tmp_path)[0])), "llama", 300, str(tmp_path / "other"))
+    assert data.traced(other) is not data.traced(first)
+    assert data.traced(other)(text).to_list() == other(text) != again(text)
+    wordpiece = recipes_vocab["bert"]
+    assert data.traced(vocab.load(wordpiece, "bert")) is not data.traced(vocab.load(wordpiece, "bert"))
 
 
 def test_mlm_masks_only_real_tokens(tmp_path, recipes_tokenizers):
