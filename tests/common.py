@@ -33,18 +33,12 @@ def one_stack_for_every_op():
     (AVX2-only EPYC). Every op gets this one short stack instead, so an error raised inside a traced graph names
     this function where it would name the op's line: ZOO_TEST_OP_STACKS=1 records them again (tests/conftest.py, and
     the training processes tests/recipes/distribute_child.py starts)."""
-    import threading
-
     from tensorflow.python.util import tf_stack
 
-    stack = []
-
     def op_stacks_are_off_in_the_tests_set_zoo_test_op_stacks_1():
-        stack.append(tf_stack.extract_stack())
+        return tf_stack.extract_stack()  # on this thread: XLA reads the frames' file names back
 
-    thread = threading.Thread(target=op_stacks_are_off_in_the_tests_set_zoo_test_op_stacks_1)
-    thread.start()
-    thread.join()
+    stack = [op_stacks_are_off_in_the_tests_set_zoo_test_op_stacks_1()]
     tf_stack.extract_stack = lambda stacklevel=1: stack[0]
 
 
