@@ -94,7 +94,8 @@ class Attention(keras.layers.Layer):
         self.output_dense.build(tuple(input_shape[:-1]) + (self.num_heads * self.head_dim,))
 
     def _heads(self, x, n):
-        return ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1], n, self.head_dim))
+        batch, length = ops.shape(x)[:2]  # read once: each read of a traced batch size adds ops to the graph
+        return ops.reshape(x, (batch, length, n, self.head_dim))
 
     def call(self, x, padding_mask=None, seed=None, training=False, recompute_core=False, cache=None,
              cache_index=0, keep_scores=False, keep=None):
