@@ -20,14 +20,13 @@ bfloat16 cannot meet 1e-5 by construction; its bound is bfloat16's precision.
 """
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
 from recipes import distribute
-from tests.common import REPO
+from tests.common import REPO, fresh_process_env
 from tests.recipes.distribute_child import SCENARIOS
 from zoo.memory.optimizer_state import RECIPE_OPTIMIZERS
 
@@ -36,17 +35,13 @@ BF16_REL, BF16_NORM_REL = 3e-2, 2e-3  # bfloat16 gradients are rounded per repli
 CHILD_TIMEOUT = 1200  # seconds, for a test that reads the child's report (made in the first one's setup)
 
 
-def child_env():
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-            "TF_CPP_MIN_LOG_LEVEL": "2"}
-
-
 def child_report(tmp_path_factory, mode):
     """The JSON report of `python -m tests.recipes.distribute_child MODE`: ~90 s alone on 2 cores, 14 minutes
     seen on a machine loaded 7-fold (CHILD_TIMEOUT: a bound for a hung child, not for a slow one)."""
     out = tmp_path_factory.mktemp(mode) / "report.json"
     done = subprocess.run([sys.executable, "-m", "tests.recipes.distribute_child", mode, str(out)],
-                          capture_output=True, text=True, timeout=CHILD_TIMEOUT - 60, env=child_env(), cwd=REPO)
+                          capture_output=True, text=True, timeout=CHILD_TIMEOUT - 60, cwd=REPO,
+                          env=fresh_process_env(TF_CPP_MIN_LOG_LEVEL="2"))
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(out.read_text())
 

@@ -29,8 +29,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from recipes import distribute, state
-from tests.common import REPO, TINY_RECIPE_DEC
-from tests.recipes.test_distribute import child_env
+from tests.common import REPO, TINY_RECIPE_DEC, fresh_process_env
 
 STEPS = 6  # checkpoints at 2, 4, 6 (keep 2 after pruning)
 # --collective-timeout of the stopped and hung workers' runs, seconds. It bounds every step after the first: the
@@ -64,7 +63,8 @@ def start_workers(argv, tmp_path, name, pause_after=None, hang_at=None):
     for index, tf_config in enumerate(distribute.local_tf_configs(2)):
         scratch = tmp_path / f"{name}-tmp-{index}"
         scratch.mkdir()
-        env = {**child_env(), "TMPDIR": str(scratch), "TF_CONFIG": tf_config, "PYTHONUNBUFFERED": "1"}  # killed too
+        env = fresh_process_env(TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(scratch), TF_CONFIG=tf_config,
+                                PYTHONUNBUFFERED="1")  # killed too
         if hang_at and index == 1:
             env.update(HANG_AT_STEP=str(hang_at), HANG_MARKER=str(tmp_path / f"{name}-hanging"))
         log = open(tmp_path / f"{name}-{index}.log", "w+")

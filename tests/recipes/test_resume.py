@@ -38,7 +38,7 @@ from safetensors.numpy import load_file
 
 import recipes
 from recipes import state
-from tests.common import REPO, tiny_recipe
+from tests.common import fresh_process_env, tiny_recipe
 
 STEPS = 8
 # One configuration exercises every piece of state a resume must restore: dropout on
@@ -177,8 +177,7 @@ recipes.run(recipe, sys.argv[2], sys.argv[3], column="text", verbose=0)
 def run_killed_at_step_4(recipe, data, out_dir):
     """`recipe` in a child process that SIGKILLs itself inside the step-4 checkpoint write;
     asserts it died so, with only the step-2 checkpoint complete."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = fresh_process_env(TF_CPP_MIN_LOG_LEVEL="2")
     args = [sys.executable, "-c", KILL_SCRIPT, json.dumps(recipe.to_dict()), data, str(out_dir)]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == -signal.SIGKILL, done.stdout[-2000:] + done.stderr[-3000:]
