@@ -19,6 +19,7 @@ os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
 import keras
 import pytest
+import tensorflow as tf
 
 from tests.common import one_stack_for_every_op
 from tools.assets import AssetUnavailable, fetch
@@ -53,6 +54,7 @@ def _switch(name, default, on, off):
 
 _FREEZE_GC = _switch("ZOO_TEST_GC_FREEZE", "1", "the default: freeze", "do not")
 _OP_STACKS = _switch("ZOO_TEST_OP_STACKS", "0", "record each graph op's Python stack", "the default: do not")
+_GRAPPLER = _switch("ZOO_TEST_GRAPPLER", "0", "optimize every test's graphs", "the default: the memory tests' only")
 
 
 if not _OP_STACKS:  # tests.common.one_stack_for_every_op says why
@@ -62,11 +64,22 @@ _module_of_last_test = []
 
 
 def pytest_runtest_setup(item):
-    """Objects that outlive a test file are left out of every later full garbage collection: at each file's first
+    """Before the test's fixtures are made (this file's hooks run before pytest's own):
+
+    TensorFlow's graph optimizer (Grappler) runs where the memory tests measure: what a graph keeps depends on it
+    (constant folding, docs/design-notes.md). Elsewhere it is off: each new function's optimization costs as much as
+    its trace does (a tiny decoder's step under 5 policies, traced and run 3 times: 21 -> 14 s of CPU, AVX2-only
+    EPYC, 2026-12-07), and the tests' results are the same with it. The processes that tests start (the CLI, the
+    strategy and resume children, the quickstart in CI) optimize as users' processes do. ZOO_TEST_GRAPPLER=1 turns
+    it on for every test; the option is read as each function is first called.
+
+    Objects that outlive a test file are left out of every later full garbage collection: at each file's first
     test, collect, then freeze what survived (imports, session fixtures, caches). Full collections took 148 of the
     suite's 1,168 CPU seconds (127 of them, 1.2 s each: Keras collects after every variable a layer deletes, zoo
     after quantizing, Python itself as objects grow), each walking every object the worker had made since it
     started (1.5 M after six files). ZOO_TEST_GC_FREEZE=0 turns it off."""
+    grappler = _GRAPPLER or item.get_closest_marker("memory") is not None
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": not grappler})
     if _FREEZE_GC and _module_of_last_test != [item.path]:
         _module_of_last_test[:] = [item.path]
         gc.collect()

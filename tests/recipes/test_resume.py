@@ -155,6 +155,7 @@ def reference(tmp_path_factory, recipes_news, recipes_vocab):
 # ----------------------------------------------------------------------------- the real SIGKILL
 KILL_SCRIPT = """
 import json, os, signal, sys
+import tensorflow as tf
 import recipes
 from recipes import state
 from tests.recipes.test_resume import fast_loss_scale_growth
@@ -169,6 +170,7 @@ def save_file(tensors, filename, *args, **kwargs):
 
 state.save_file = save_file
 fast_loss_scale_growth()
+tf.config.optimizer.set_experimental_options(json.loads(sys.argv[4]))
 recipe = recipes.Recipe(**json.loads(sys.argv[1]))
 recipes.run(recipe, sys.argv[2], sys.argv[3], column="text", verbose=0)
 """
@@ -176,9 +178,13 @@ recipes.run(recipe, sys.argv[2], sys.argv[3], column="text", verbose=0)
 
 def run_killed_at_step_4(recipe, data, out_dir):
     """`recipe` in a child process that SIGKILLs itself inside the step-4 checkpoint write;
-    asserts it died so, with only the step-2 checkpoint complete."""
+    asserts it died so, with only the step-2 checkpoint complete. The child optimizes graphs as this process does
+    (Grappler's rewrites round differently: tests/conftest.py), so that its steps are bitwise this process's."""
+    import tensorflow as tf
+
     env = fresh_process_env(TF_CPP_MIN_LOG_LEVEL="2")
-    args = [sys.executable, "-c", KILL_SCRIPT, json.dumps(recipe.to_dict()), data, str(out_dir)]
+    grappler = json.dumps(tf.config.optimizer.get_experimental_options())
+    args = [sys.executable, "-c", KILL_SCRIPT, json.dumps(recipe.to_dict()), data, str(out_dir), grappler]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == -signal.SIGKILL, done.stdout[-2000:] + done.stderr[-3000:]
     assert [step for step, _ in state.checkpoints(str(out_dir))] == [2]
