@@ -7,11 +7,13 @@ before zoo was imported with no BFC allocator, where the measure falls back to p
 """
 
 import json
+import os
 import re
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.common import REPO, fresh_process_env
@@ -115,3 +117,15 @@ def test_memory_tests_hold_with_onednn_flipped(request):
     # Every one of them ran there and passed, none skipped.
     passed = rf"\b{len(marked)} passed\b" if marked else r"\b[1-9]\d* passed\b"
     assert re.search(passed, tail) and " failed" not in tail and " skipped" not in tail, (marked, tail)
+
+
+@pytest.mark.memory
+def test_memory_tests_measure_with_grappler_on():
+    """What a graph keeps depends on TensorFlow's graph optimizer (constant folding: docs/design-notes.md), so a
+    memory test measures with it on, as a user's process runs; tests/conftest.py turns it off elsewhere."""
+    assert tf.config.optimizer.get_experimental_options().get("disable_meta_optimizer", False) is False
+
+
+def test_other_tests_run_without_grappler_unless_asked():
+    expected = os.environ.get("ZOO_TEST_GRAPPLER", "0") != "1"
+    assert tf.config.optimizer.get_experimental_options().get("disable_meta_optimizer", False) is expected
