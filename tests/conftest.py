@@ -69,9 +69,10 @@ def pytest_runtest_setup(item):
     TensorFlow's graph optimizer (Grappler) runs where the memory tests measure: what a graph keeps depends on it
     (constant folding, docs/design-notes.md). Elsewhere it is off: each new function's optimization costs as much as
     its trace does (a tiny decoder's step under 5 policies, traced and run 3 times: 21 -> 14 s of CPU, AVX2-only
-    EPYC, 2026-12-07), and the tests' results are the same with it. The processes that tests start (the CLI, the
-    strategy and resume children, the quickstart in CI) optimize as users' processes do. ZOO_TEST_GRAPPLER=1 turns
-    it on for every test; the option is read as each function is first called.
+    EPYC, 2026-12-07), and its rewrites change float rounding only, which the tests' bounds allow. The processes
+    that tests start (the CLI, the strategy and resume children, the quickstart in CI) optimize as users' processes
+    do; a child compared bitwise is given this process's setting. ZOO_TEST_GRAPPLER=1 turns it on for every test;
+    the option is read as each function is first called.
 
     Objects that outlive a test file are left out of every later full garbage collection: at each file's first
     test, collect, then freeze what survived (imports, session fixtures, caches). Full collections took 148 of the
