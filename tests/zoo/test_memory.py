@@ -424,6 +424,28 @@ def test_cli_plan_prints_the_choice_and_largest_batches(capsys):
         assert row.split()[0] == config and row.split()[-1] == str(most)
 
 
+def test_cli_plan_takes_the_loss_chunk(capsys):
+    """--loss-chunk plans what `zoo train --loss-chunk` runs (a recipe's loss_chunk): 256 positions of a llama3
+    vocabulary hold half the float32 logits of the default chunk (512); bad values are refused."""
+    flags = ["plan", "llama3.2-3b", "--batch-size", "1", "--sequence-length", "2048", "--precision", "mixed_bfloat16",
+             "--lora-rank", "16", "--lora-targets", "all-linear", "--quantize", "int4", "--checkpointing", "full",
+             "--budget", "64GiB"]
+    options = dict(precision="mixed_bfloat16", checkpointing="full", lora_rank=16, lora_targets="all-linear",
+                   quantize="int4")
+    rows = {}
+    for chunk in (None, 256):
+        assert main(flags + ([] if chunk is None else ["--loss-chunk", str(chunk)])) == 0
+        row = capsys.readouterr().out.splitlines()[2].split()
+        e = memory.estimate("llama3.2-3b", 1, 2048, loss_chunk=chunk, **options)
+        assert row[1:-1] == [f"{v / memory.GiB:.2f}G" for v in e.as_dict().values()], (chunk, row)
+        rows[chunk] = e
+    assert rows[256].logits < 0.6 * rows[None].logits and rows[256].total < rows[None].total
+    assert main(flags + ["--loss-chunk", "-3"]) == 2
+    assert "Loss chunk_size must be a positive number of positions, got -3" in capsys.readouterr().err
+    assert main(["plan", "enc-base", "--loss-chunk", "256"]) == 2
+    assert "loss_chunk applies to task 'causal_lm' only, not 'backbone'" in capsys.readouterr().err
+
+
 def test_cli_plan_unmeetable_budget(capsys):
     assert main(["plan", "dec-1b", "--batch-size", "1", "--sequence-length", "512", "--budget", "1GiB"]) == 2
     err = capsys.readouterr().err

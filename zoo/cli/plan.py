@@ -43,6 +43,8 @@ def _plan(args):
                "weights_dtype": args.weights_dtype, "lora_rank": args.lora_rank, "lora_targets": targets,
                "quantize": args.quantize, "packed": args.packing, "preference": args.preference, "grpo": args.grpo,
                "completion_length": args.completion_length}
+    if args.loss_chunk is not None:  # None: the loss's default chunk (zoo.ops.lm_loss.loss_chunk), as estimate takes it
+        options["loss_chunk"] = args.loss_chunk
     policy, rounding = checks.weights(args.weights_dtype, args.precision, frozen=lora)
     weights = f", {args.weights_dtype} weights ({rounding} rounding)" if rounding else ""
     adapted = (f"; LoRA r{args.lora_rank} on {args.lora_targets or 'the default targets'}"
@@ -146,6 +148,9 @@ def register(subparsers):
                    "prompts, --sequence-length is prompt + completion")
     p.add_argument("--completion-length", type=int, default=None,
                    help="with --grpo: the completion's tokens (--max-completion-length)")
+    p.add_argument("--loss-chunk", type=int, default=None,
+                   help="causal LM: positions per chunk of the loss, as a recipe's loss_chunk (default: the loss's "
+                   "choice; 0: whole logits)")
     p.add_argument("--replicas", type=int, default=1,
                    help="data-parallel replicas (devices); --batch-size is then the GLOBAL batch, split evenly")
     p.add_argument("--hosts", type=int, default=1, help="with --replicas: hosts the replicas spread over evenly")
