@@ -42,9 +42,7 @@ def _plan(args):
     options = {"precision": args.precision, "task": args.task, "optimizer": args.optimizer,
                "weights_dtype": args.weights_dtype, "lora_rank": args.lora_rank, "lora_targets": targets,
                "quantize": args.quantize, "packed": args.packing, "preference": args.preference, "grpo": args.grpo,
-               "completion_length": args.completion_length}
-    if args.loss_chunk is not None:  # None: the loss's default chunk (zoo.ops.lm_loss.loss_chunk), as estimate takes it
-        options["loss_chunk"] = args.loss_chunk
+               "completion_length": args.completion_length, "loss_chunk": args.loss_chunk}
     policy, rounding = checks.weights(args.weights_dtype, args.precision, frozen=lora)
     weights = f", {args.weights_dtype} weights ({rounding} rounding)" if rounding else ""
     adapted = (f"; LoRA r{args.lora_rank} on {args.lora_targets or 'the default targets'}"
