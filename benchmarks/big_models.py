@@ -81,7 +81,7 @@ def write_checkpoint(name, folder, shard=SHARD, seed=0, num_layers=None) -> Path
 
 
 def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, slice_floats=None, loss_chunk=None,
-            num_layers=None, mlp_chunk_mib=None):
+            num_layers=None, mlp_chunk_mib=None, shared_blocks=False):
     """One fresh process: load (`kind` "load" streamed, "old" float then quantize_base) or a QLoRA step."""
     import tensorflow as tf
 
@@ -115,6 +115,7 @@ def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, sli
 
     zoo.lora.enable_lora(model, rank=rank, alpha=2 * rank, targets="all-linear")
     model.set_loss_chunk(loss_chunk)  # None: the chunked loss's default, as `zoo train` takes it
+    model.set_shared_blocks(shared_blocks)
     model.compile(optimizer=keras.optimizers.AdamW(1e-4, global_clipnorm=1.0),
                   loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, jit_compile=False)
     x, y = synthetic_batch(name, batch, seq)
@@ -164,6 +165,8 @@ def main():
     p.add_argument("--slice", type=int, default=None, help="floats quantized at once (zoo.checks.QUANTIZE_SLICE)")
     p.add_argument("--reuse", action="store_true", help="with --folder: keep the checkpoint, and reuse one there")
     p.add_argument("--loss-chunk", type=int, default=None, help="step: positions per loss chunk (default: the loss's)")
+    p.add_argument("--shared-blocks", action="store_true",
+                   help="step: every layer through one traced block (ZooModel.set_shared_blocks)")
     p.add_argument("--timeout", type=int, default=3600)
     p.add_argument("--lengths", default="2048,4096,8192,16384,32768", help="ladder: sequence lengths")
     p.add_argument("--num-layers", type=int, default=1, help="ladder: the depth measured (the rest is planned)")
@@ -198,7 +201,8 @@ def main():
             run = _harness.run_child({"kind": kind, "name": a.model, "folder": str(folder), "quantize": a.quantize,
                                       "dtype": a.dtype, "batch": a.batch, "seq": a.seq,
                                       "slice_floats": a.slice, "loss_chunk": a.loss_chunk,
-                                      "mlp_chunk_mib": a.mlp_chunk_mib}, timeout=a.timeout)
+                                      "mlp_chunk_mib": a.mlp_chunk_mib, "shared_blocks": a.shared_blocks},
+                                     timeout=a.timeout)
             rows[kind] = {**run.result, "status": run.status if run.ok else f"{run.status}: {run.error}",
                           "guard_rss_gib": run.peak_rss_bytes / GiB}
             r = rows[kind]
@@ -215,6 +219,7 @@ def main():
             from zoo.ops import position_chunks
 
             result["loss_chunk"], result["mlp_chunk_bytes"] = a.loss_chunk, position_chunks.CHUNK_BYTES
+            result["shared_blocks"] = a.shared_blocks
             r = rows["step"]
             print(f"planned step: allocator peak {result['planned_step_gib']:.2f} GiB (measured "
                   f"{r.get('alloc_peak_gib', float('nan')):.2f}), peak RSS {result['planned_step_rss_gib']:.2f} GiB "

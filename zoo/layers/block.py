@@ -80,6 +80,12 @@ class TransformerBlock(keras.layers.Layer):
         self.post_ffn_norm = make_norm(norm, policy, "post_ffn_norm") if sandwich else None
         # One draw per call, outside any recomputation, seeds every dropout in the block.
         self.seed_generator = keras.random.SeedGenerator(seed, name="dropout_seed")
+        self.shared_replays = None  # ZooModel.set_shared_blocks: its blocks share them (zoo.layers.shared_replay)
+
+    def share_replays(self, replays):
+        """Train under `full` through `replays`, the traced blocks this block's model shares between its layers
+        (zoo.layers.shared_replay), rather than tracing this block's own ops into the step. Not with dropout."""
+        self.shared_replays = replays
 
     def build(self, input_shape):
         for layer in (self.attention, self.ffn, self.attention_norm, self.ffn_norm, self.post_attention_norm,
@@ -99,6 +105,9 @@ class TransformerBlock(keras.layers.Layer):
         # activation (dec-1b LoRA DPO at 2 pairs x 1024 under `full`: 11.4 GiB against SFT's 2.1).
         taped = training or record.could_possibly_record()
         if taped and self.checkpointing == "full":
+            shared = training and not self.dropout and self.shared_replays is not None
+            if shared and not tf.executing_eagerly():
+                return self.shared_replays(self, x, padding_mask)  # one traced block for the model's like layers
             if training:
                 masks = self.draw_masks(x, ahead=True)
                 return recompute(lambda h: self.replay(h, padding_mask, masks), x)
