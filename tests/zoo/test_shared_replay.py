@@ -77,3 +77,20 @@ def test_blocks_with_dropout_are_traced_in_as_before(monkeypatch):
     assert model.spec.dropout > 0  # its masks are drawn per block and call: not one function's inputs (yet)
     tf.function(lambda: model({"token_ids": IDS, "padding_mask": MASK}, training=True))()
     assert calls == []
+
+
+def test_a_long_sequences_mlp_in_chunks_is_traced_in(monkeypatch):
+    """The MLP in chunks (zoo.ops.position_chunks) differentiates the variables it reads; a shared block passes them
+    in as values, so a block whose replay would chunk its MLP is traced in as before, and its adapters still train."""
+    from zoo.ops import position_chunks
+
+    monkeypatch.setattr(position_chunks, "CHUNK_BYTES", 8 * 4 * 128)  # 8 positions of the intermediate 128 a chunk
+    model = zoo.get("llama3.2-3b", checkpointing="full", dtype="mixed_bfloat16", quantize="int4", **TINY_DEC)
+    zoo.lora.enable_lora(model, rank=4, alpha=8, targets="all-linear")
+    for v in model.trainable_variables:
+        v.assign(np.random.default_rng(1).normal(0, 0.05, v.shape).astype(v.dtype))
+    calls = []
+    monkeypatch.setattr(SharedReplays, "__call__", lambda *args: calls.append(args))
+    model.set_shared_blocks(True)
+    gradients, _ = loss_gradients(model)
+    assert calls == [] and all(np.abs(g).max() > 0 for g in gradients)

@@ -105,7 +105,7 @@ class TransformerBlock(keras.layers.Layer):
         # activation (dec-1b LoRA DPO at 2 pairs x 1024 under `full`: 11.4 GiB against SFT's 2.1).
         taped = training or record.could_possibly_record()
         if taped and self.checkpointing == "full":
-            shared = training and not self.dropout and self.shared_replays is not None
+            shared = training and not self.dropout and self.shared_replays is not None and not self._chunks_ffn(x)
             if shared and not tf.executing_eagerly():
                 return self.shared_replays(self, x, padding_mask)  # one traced block for the model's like layers
             if training:
@@ -182,6 +182,11 @@ class TransformerBlock(keras.layers.Layer):
         """The pre-norm MLP branch, norms included: every part of it acts on each position alone."""
         h = self.ffn(self.ffn_norm(x))
         return h if self.post_ffn_norm is None else self.post_ffn_norm(h)
+
+    def _chunks_ffn(self, x) -> bool:
+        """Whether the replay runs this sequence's MLP in chunks: those read their trainable variables as variables
+        (zoo.ops.position_chunks), which a shared block (zoo.layers.shared_replay) passes in as values."""
+        return x.shape[1] is not None and position_chunk(x.shape[1], self.ffn.intermediate_dim) < x.shape[1]
 
     def _position_wise(self, fn, x, chunked):
         """`fn(x)`; `chunked`: in chunks of positions, each recomputed in the backward (zoo.ops.position_chunks),
