@@ -30,7 +30,7 @@ def norm_settings(spec: ModelSpec) -> dict:
 
 def make_blocks(spec: ModelSpec, checkpointing, dtype):
     rope = spec.positions == "rope"
-    blocks = [
+    return [
         TransformerBlock(
             num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
             intermediate_dim=spec.intermediate_dim, placement=spec.norm_placement, norm=norm_settings(spec),
@@ -43,7 +43,6 @@ def make_blocks(spec: ModelSpec, checkpointing, dtype):
         )
         for i in range(spec.num_layers)
     ]
-    return blocks
 
 
 def token_inputs(spec: ModelSpec) -> dict:
