@@ -191,7 +191,7 @@ class TransformerBlock(keras.layers.Layer):
     def _position_wise(self, fn, x, chunked):
         """`fn(x)`; `chunked`: in chunks of positions, each recomputed in the backward (zoo.ops.position_chunks),
         where the sequence's float32 intermediates would pass its CHUNK_BYTES."""
-        if not chunked or x.shape[1] is None:
+        if not chunked or not self._chunks_ffn(x):
             return fn(x)
         return in_position_chunks(fn, x, position_chunk(x.shape[1], self.ffn.intermediate_dim))
 
