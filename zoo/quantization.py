@@ -17,6 +17,7 @@ import gc
 
 import keras
 import ml_dtypes
+import tensorflow as tf
 
 from zoo.checks import QUANTIZATION_MODES, QUANTIZE_SLICE, layer_mode
 from zoo.models import quantizable
@@ -126,6 +127,8 @@ def quantize_into(layer, tensors: dict, mode):
         for variable in twin.weights:
             if variable.name != "bias":  # a float bias is loaded as is, beside the kernel
                 offsets[variable.name] = _assign_part(mine[variable.name], variable, offsets[variable.name])
+    for variable in mine.values():
+        read_in_place(variable)
     for name, value in vars(twin).items():
         if name == "quantization_config" or name.endswith("quantizer"):
             object.__setattr__(layer, name, value)
@@ -155,6 +158,14 @@ def _quantized_twin(layer, mode, size, tensors):
         raise ValueError(f"Layer {layer.path} was built {policy.name}, but Keras quantizes it to "
                          f"{twin.dtype_policy.name}.")
     return twin
+
+
+def read_in_place(variable):
+    """Take `variable` out of TensorFlow's copy-on-read mode, which a write of a slice (ResourceStridedSliceAssign,
+    `_assign_part`) turns on for good: in it every read copies the variable whole, so a training step copied the
+    int8 head (376 MiB at llama3.2-3b) on each read and held a copy of each block's int4 kernels from its forward to
+    its backward under shared blocks (docs/memory.md). Nothing writes slices of a loaded model after loading."""
+    tf.raw_ops.DisableCopyOnRead(resource=variable._value.handle)  # the tf.Variable under Keras'
 
 
 def _assign_part(target, part, offset) -> int:
