@@ -277,6 +277,49 @@ class PeakMemory:
         return False
 
 
+class Timeline:
+    """The allocator's bytes in use and the RSS, sampled every `every` seconds from a thread while a block runs:
+    where in a step its peak falls (a graph step is one call; the allocator's peak alone does not say when).
+
+        with Timeline() as line:
+            model.train_on_batch(x, y)
+        line.points(40)  # [[seconds, allocator GiB, RSS GiB], ...]: the highest sample in each of 40 slices
+    """
+
+    def __init__(self, device="CPU:0", every=0.25):
+        self.device, self.every, self.samples = device, every, []
+
+    def __enter__(self):
+        import tensorflow as tf
+
+        self._stop, start = threading.Event(), time.perf_counter()
+
+        def sample():
+            while not self._stop.wait(self.every):
+                current = tf.config.experimental.get_memory_info(self.device)["current"]
+                self.samples.append((time.perf_counter() - start, current / GiB, rss_gib()))
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        return False
+
+    def points(self, slices=40) -> list:
+        if not self.samples:
+            return []
+        end = self.samples[-1][0]
+        out = {}
+        for t, alloc, rss in self.samples:
+            k = min(int(t / end * slices), slices - 1) if end else 0
+            if k not in out or alloc > out[k][1]:
+                out[k] = [round(t, 1), round(alloc, 3), round(rss, 3)]
+        return [out[k] for k in sorted(out)]
+
+
 def zoo_cli(*args, timeout=None) -> tuple:
     """Run `python -m zoo.cli ARGS` as a user would; returns (seconds, stdout, its last line as JSON).
 

@@ -119,11 +119,11 @@ def measure(kind, name, folder, quantize, dtype, batch=1, seq=2048, rank=16, sli
     model.compile(optimizer=keras.optimizers.AdamW(1e-4, global_clipnorm=1.0),
                   loss={"logits": keras.losses.SparseCategoricalCrossentropy(from_logits=True)}, jit_compile=False)
     x, y = synthetic_batch(name, batch, seq)
-    with _harness.PeakMemory() as mem:
+    with _harness.PeakMemory() as mem, _harness.Timeline() as line:
         times, _, losses = train_steps(model, x, y, 1)
     return {**out, "alloc_peak_gib": mem.peak_gib, "step_mem_gib": mem.step_gib, "peak_rss_gib": mem.rss_gib,
             "rss_after_step_gib": _harness.rss_gib(), "memory_measure": mem.measure, "step_s": times[0],
-            "losses": losses}
+            "losses": losses, "timeline": line.points()}
 
 
 def plan(name, quantize, dtype):
@@ -166,7 +166,7 @@ def main():
     p.add_argument("--reuse", action="store_true", help="with --folder: keep the checkpoint, and reuse one there")
     p.add_argument("--loss-chunk", type=int, default=None, help="step: positions per loss chunk (default: the loss's)")
     p.add_argument("--shared-blocks", action="store_true",
-                   help="step: every layer through one traced block (ZooModel.set_shared_blocks)")
+                   help="step, ladder: every layer through one traced block (ZooModel.set_shared_blocks)")
     p.add_argument("--timeout", type=int, default=3600)
     p.add_argument("--lengths", default="2048,4096,8192,16384,32768", help="ladder: sequence lengths")
     p.add_argument("--num-layers", type=int, default=1, help="ladder: the depth measured (the rest is planned)")
@@ -264,7 +264,8 @@ def ladder(a):
             if seq <= a.measure_up_to:
                 run = _harness.run_child({"kind": "step", "name": a.model, "folder": str(folder),
                                           "quantize": a.quantize, "dtype": a.dtype, "batch": a.batch, "seq": seq,
-                                          "loss_chunk": a.loss_chunk, "mlp_chunk_mib": a.mlp_chunk_mib},
+                                          "loss_chunk": a.loss_chunk, "mlp_chunk_mib": a.mlp_chunk_mib,
+                                          "shared_blocks": a.shared_blocks},
                                          budget_bytes=budget, timeout=a.timeout)
                 row.update(run.result, status=run.status if run.ok else f"{run.status}: {run.error}",
                            guard_rss_gib=run.peak_rss_bytes / GiB)  # sampled from outside: a stopped row's too
