@@ -170,9 +170,9 @@ class ZooModel(keras.Model):
     def set_shared_blocks(self, enabled=True) -> bool:
         """Under `full` recomputation and without dropout, train every layer through one traced block of its kind
         (zoo.layers.shared_replay) instead of tracing each block's ops into the step: the step's graph, and the
-        heap TensorFlow keeps for it (~0.1 GiB a block at 3B-8B), stop growing with depth. Off by default: at
-        llama3.2-3b QLoRA 1 x 2048 it took the heap from ~2.8 to ~0.6 GiB but the allocator's peak from 3.64 to
-        4.89 GiB, the peak RSS staying at 6.7-6.8 GiB (docs/memory.md). Same gradients; a block with dropout, or
+        heap TensorFlow keeps for it (~0.1 GiB a block at 3B-8B), stop growing with depth. Off by default until
+        the default is measured beside it and the planner fitted to it: at llama3.2-3b QLoRA 1 x 2048 it peaks at
+        3.53 GiB (allocator) and 5.04 GiB (RSS), against 3.64 / 6.79 traced in (docs/memory.md). Same gradients; a block with dropout, or
         whose MLP runs in chunks, is traced in as before. Not saved with the model; compiled functions retrace.
 
         Example:
