@@ -173,7 +173,8 @@ class ZooModel(keras.Model):
         heap TensorFlow keeps for it (~0.1 GiB a block at 3B-8B), stop growing with depth. Off by default until
         the default is measured beside it and the planner fitted to it: at llama3.2-3b QLoRA 1 x 2048 it peaks at
         3.53 GiB (allocator) and 5.04 GiB (RSS), against 3.64 / 6.79 traced in (docs/memory.md). Same gradients;
-        a block with dropout, or whose MLP runs in chunks, is traced in as before. Not saved with the model; compiled functions retrace.
+        a block with dropout, or whose MLP runs in chunks, is traced in as before. Not saved with the model;
+        compiled functions retrace.
 
         Example:
         >>> model = zoo.get("llama3.2-3b", checkpointing="full")
