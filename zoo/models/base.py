@@ -172,7 +172,7 @@ class ZooModel(keras.Model):
         (zoo.layers.shared_replay) instead of tracing each block's ops into the step: the step's graph, and the
         heap TensorFlow keeps for it (~0.1 GiB a block at 3B-8B), stop growing with depth. Off by default until
         the default is measured beside it and the planner fitted to it: at llama3.2-3b QLoRA 1 x 2048 it peaks at
-        3.53 GiB (allocator) and 5.04 GiB (RSS), against 3.64 / 6.79 traced in (docs/memory.md). Same gradients;
+        3.53 GiB (allocator) and 5.04 GiB (RSS), against 3.53 / 6.40 traced in (docs/memory.md). Same gradients;
         a block with dropout, or whose MLP runs in chunks, is traced in as before. Not saved with the model;
         compiled functions retrace.
 
